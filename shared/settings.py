@@ -1,0 +1,217 @@
+"""Settings for every tuneloop process: one pydantic-settings class per concern, env prefix TUNELOOP_.
+
+Defaults point at the local stack `make up` starts. Ports avoid the standard ones (4222, 9000,
+5432, ...) because development and CI machines often run their own NATS/PostgreSQL/Redis there.
+Hyperparameters are not settings: they live in recipe YAML and job configs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Environment = Literal["development", "test", "production"]
+
+# Values that are fine on a laptop and a security hole anywhere else.
+_PLACEHOLDER_SECRETS = frozenset(
+    {"", "changeme", "change-me", "secret", "password", "tuneloop-dev-secret", "tuneloop-dev-admin"}
+)
+
+
+class SettingsError(ValueError):
+    """A setting is missing or malformed; the message names the environment variable."""
+
+
+def _config(prefix: str) -> SettingsConfigDict:
+    return SettingsConfigDict(
+        env_prefix=prefix, env_file=".env", env_file_encoding="utf-8", extra="ignore"
+    )
+
+
+class AppSettings(BaseSettings):
+    model_config = _config("TUNELOOP_")
+
+    env: Environment = "development"
+    data_dir: Path = Path(".tuneloop")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_json: bool = True
+    bind_host: str = "127.0.0.1"
+
+    @property
+    def is_development(self) -> bool:
+        return self.env != "production"
+
+
+class NatsSettings(BaseSettings):
+    model_config = _config("TUNELOOP_NATS_")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=4322, ge=1, le=65535)
+    monitor_port: int = Field(default=8322, ge=1, le=65535)
+    # Clients connect here; defaults to the local server started from host/port.
+    url: str = ""
+    connect_timeout_s: float = Field(default=30.0, gt=0)
+    # Limits applied to every JetStream stream we declare (streams.py may tighten them).
+    stream_max_age_days: float = Field(default=30.0, gt=0)
+    stream_max_bytes: int = Field(default=8 * 1024**3, gt=0)
+
+    @model_validator(mode="after")
+    def _default_url(self) -> NatsSettings:
+        if not self.url:
+            self.url = f"nats://{self.host}:{self.port}"
+        if not self.url.startswith(("nats://", "tls://", "ws://", "wss://")):
+            raise ValueError(f"url must start with nats://, tls://, ws:// or wss:// (got {self.url!r})")
+        return self
+
+
+class S3Settings(BaseSettings):
+    model_config = _config("TUNELOOP_S3_")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8433, ge=1, le=65535)
+    # host:port of the S3 API; defaults to the local SeaweedFS gateway from host/port.
+    endpoint: str = ""
+    access_key: str = "tuneloop-dev"
+    secret_key: SecretStr = SecretStr("tuneloop-dev-secret")
+    bucket: str = Field(default="tuneloop", min_length=3, max_length=63)
+    region: str = "us-east-1"
+    secure: bool = False
+    # Above this size uploads go multipart (S3's minimum part is 5 MiB).
+    multipart_threshold_bytes: int = Field(default=64 * 1024**2, ge=5 * 1024**2)
+    part_size_bytes: int = Field(default=16 * 1024**2, ge=5 * 1024**2)
+    # Local SeaweedFS only: the other servers `weed server` runs beside the S3 gateway. Their gRPC
+    # ports are these + 10000 (weed's convention).
+    weed_master_port: int = Field(default=9433, ge=1, le=55535)
+    weed_volume_port: int = Field(default=9434, ge=1, le=55535)
+    weed_filer_port: int = Field(default=9435, ge=1, le=55535)
+
+    @model_validator(mode="after")
+    def _default_endpoint(self) -> S3Settings:
+        if not self.endpoint:
+            self.endpoint = f"{self.host}:{self.port}"
+        if "://" in self.endpoint:
+            raise ValueError(
+                f"endpoint is host:port without a scheme (got {self.endpoint!r}); use secure=true for TLS"
+            )
+        return self
+
+
+class DatabaseSettings(BaseSettings):
+    model_config = _config("TUNELOOP_DATABASE_")
+
+    # SQLite file under the data dir unless DATABASE_URL (or TUNELOOP_DATABASE_URL) says otherwise.
+    url: str = Field(default="", validation_alias=AliasChoices("TUNELOOP_DATABASE_URL", "DATABASE_URL"))
+    echo: bool = False
+
+
+class ServicePorts(BaseSettings):
+    model_config = _config("TUNELOOP_")
+
+    ingest_port: int = Field(default=8400, ge=1, le=65535)
+    scheduler_port: int = Field(default=8401, ge=1, le=65535)
+    evaluator_port: int = Field(default=8402, ge=1, le=65535)
+    hoster_port: int = Field(default=8403, ge=1, le=65535)
+
+    def port_of(self, service: str) -> int:
+        return int(getattr(self, f"{service}_port"))
+
+
+class AuthSettings(BaseSettings):
+    model_config = _config("TUNELOOP_AUTH_")
+
+    # Lets an operator create tenants and API keys; every other request uses a tenant key.
+    admin_token: SecretStr = SecretStr("tuneloop-dev-admin")
+    # Trainer webhooks: how old a signed report may be, in seconds, before it is refused.
+    signature_tolerance_s: int = Field(default=300, gt=0)
+
+
+class TelemetrySettings(BaseSettings):
+    model_config = _config("TUNELOOP_TELEMETRY_")
+
+    # OTLP/HTTP endpoint for our own traces (e.g. http://collector:4318); empty keeps them local.
+    otlp_endpoint: str = ""
+    # Seconds between presence heartbeats each service publishes on the bus.
+    heartbeat_interval_s: float = Field(default=2.0, gt=0)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every concern's settings, loaded and checked together."""
+
+    app: AppSettings
+    nats: NatsSettings
+    s3: S3Settings
+    db: DatabaseSettings
+    services: ServicePorts
+    auth: AuthSettings
+    telemetry: TelemetrySettings
+
+    @property
+    def database_url(self) -> str:
+        if self.db.url:
+            return self.db.url
+        return f"sqlite:///{(self.app.data_dir / 'tuneloop.db').resolve()}"
+
+
+def _env_name(cls: type[BaseSettings], loc: tuple[Any, ...]) -> str:
+    field = str(loc[0]) if loc else "?"
+    if field == "url" and cls is DatabaseSettings:
+        return "DATABASE_URL"
+    prefix = str(cls.model_config.get("env_prefix", ""))
+    return f"{prefix}{field}".upper()
+
+
+def _load(cls: type[BaseSettings], **overrides: Any) -> Any:
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{_env_name(cls, tuple(err['loc']))}: {err['msg']}"
+            + (f" (got {err['input']!r})" if isinstance(err.get("input"), str | int | float) else "")
+            for err in exc.errors()
+        )
+        raise SettingsError(f"invalid settings: {problems}") from None
+
+
+def _refuse_placeholders(settings: Settings) -> None:
+    if settings.app.is_development:
+        return
+    secrets = {
+        "TUNELOOP_S3_SECRET_KEY": settings.s3.secret_key.get_secret_value(),
+        "TUNELOOP_AUTH_ADMIN_TOKEN": settings.auth.admin_token.get_secret_value(),
+    }
+    weak = [name for name, value in secrets.items() if value.lower() in _PLACEHOLDER_SECRETS]
+    if weak:
+        raise SettingsError(
+            f"invalid settings: {', '.join(weak)} still hold a development placeholder; "
+            f"set real secrets when TUNELOOP_ENV={settings.app.env}"
+        )
+
+
+def load_settings(**overrides: dict[str, Any]) -> Settings:
+    """Read and check every concern; raise SettingsError naming the variable on a bad value.
+
+    `overrides` maps a concern (`nats`, `s3`, ...) to field values, for tests and tools.
+    """
+    settings = Settings(
+        app=_load(AppSettings, **overrides.get("app", {})),
+        nats=_load(NatsSettings, **overrides.get("nats", {})),
+        s3=_load(S3Settings, **overrides.get("s3", {})),
+        db=_load(DatabaseSettings, **overrides.get("db", {})),
+        services=_load(ServicePorts, **overrides.get("services", {})),
+        auth=_load(AuthSettings, **overrides.get("auth", {})),
+        telemetry=_load(TelemetrySettings, **overrides.get("telemetry", {})),
+    )
+    _refuse_placeholders(settings)
+    return settings
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, loaded once."""
+    return load_settings()

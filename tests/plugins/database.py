@@ -1,0 +1,1 @@
+"""Fixtures: database (filled by its owner)."""

@@ -1,0 +1,143 @@
+"""Real infrastructure for tests: nats-server with JetStream and SeaweedFS S3, on free ports in a temp dir.
+
+They are started with the same command lines `make up` uses (shared.localstack) and torn down at
+the end. Nothing here mocks our own infrastructure.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from shared import localstack
+from shared.settings import Settings, load_settings
+
+WEED_GRPC = localstack.WEED_GRPC_OFFSET
+
+
+def free_port(*, with_grpc: bool = False) -> int:
+    """A port free now (and, for weed, its +10000 gRPC twin)."""
+    for _ in range(500):
+        port = random.randint(20_000, 45_000)  # noqa: S311 - not security
+        if localstack.port_is_free(port) and (not with_grpc or localstack.port_is_free(port + WEED_GRPC)):
+            return port
+    raise RuntimeError("no free port found")
+
+
+def make_settings(data_dir: Path, **overrides: dict[str, object]) -> Settings:
+    """Settings for an isolated stack under data_dir, every port free."""
+    base: dict[str, dict[str, object]] = {
+        "app": {"env": "test", "data_dir": data_dir},
+        "nats": {"port": free_port(), "monitor_port": free_port()},
+        "s3": {
+            "port": free_port(with_grpc=True),
+            "weed_master_port": free_port(with_grpc=True),
+            "weed_volume_port": free_port(with_grpc=True),
+            "weed_filer_port": free_port(with_grpc=True),
+            "bucket": "tuneloop-test",
+        },
+        "services": {name + "_port": free_port() for name in localstack.SERVICES},
+        "db": {"url": f"sqlite:///{data_dir / 'tuneloop.db'}"},
+    }
+    for concern, values in overrides.items():
+        base.setdefault(concern, {}).update(values)
+    return load_settings(**base)
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment a child process needs to see the same settings."""
+    s3 = settings.s3
+    env = {
+        "TUNELOOP_ENV": settings.app.env,
+        "TUNELOOP_DATA_DIR": str(settings.app.data_dir),
+        "TUNELOOP_NATS_URL": settings.nats.url,
+        "TUNELOOP_NATS_PORT": str(settings.nats.port),
+        "TUNELOOP_NATS_MONITOR_PORT": str(settings.nats.monitor_port),
+        "TUNELOOP_S3_ENDPOINT": s3.endpoint,
+        "TUNELOOP_S3_PORT": str(s3.port),
+        "TUNELOOP_S3_BUCKET": s3.bucket,
+        "TUNELOOP_S3_ACCESS_KEY": s3.access_key,
+        "TUNELOOP_S3_SECRET_KEY": s3.secret_key.get_secret_value(),
+        "TUNELOOP_S3_WEED_MASTER_PORT": str(s3.weed_master_port),
+        "TUNELOOP_S3_WEED_VOLUME_PORT": str(s3.weed_volume_port),
+        "TUNELOOP_S3_WEED_FILER_PORT": str(s3.weed_filer_port),
+        "TUNELOOP_DATABASE_URL": settings.database_url,
+        "TUNELOOP_TELEMETRY_HEARTBEAT_INTERVAL_S": str(settings.telemetry.heartbeat_interval_s),
+    }
+    for name in localstack.SERVICES:
+        env[f"TUNELOOP_{name.upper()}_PORT"] = str(settings.services.port_of(name))
+    return env
+
+
+@dataclass
+class RunningProcess:
+    """A stack component started by a fixture; can be stopped and started again (same ports, same data)."""
+
+    component: localstack.Component
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        self.process = localstack.spawn(self.component, self.log_path, env=self.env)
+        if not localstack.wait_until(self.component.ready, timeout_s):
+            self.stop()
+            tail = self.log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{self.component.name} did not become ready in {timeout_s}s; log:\n{tail}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, sig)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout_s)
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """Settings shared by the session's NATS and S3 servers (and any service a test starts)."""
+    return make_settings(tmp_path_factory.mktemp("stack"))
+
+
+@pytest.fixture(scope="session")
+def nats_server(stack_settings: Settings) -> Iterator[RunningProcess]:
+    data_dir = stack_settings.app.data_dir
+    proc = RunningProcess(localstack.nats_component(stack_settings, data_dir), data_dir / "logs" / "nats.log")
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(stack_settings: Settings) -> Iterator[RunningProcess]:
+    data_dir = stack_settings.app.data_dir
+    proc = RunningProcess(localstack.s3_component(stack_settings, data_dir), data_dir / "logs" / "s3.log")
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def private_nats(tmp_path: Path) -> Iterator[RunningProcess]:
+    """A nats-server of the test's own, for tests that kill and restart it."""
+    settings = make_settings(tmp_path)
+    proc = RunningProcess(localstack.nats_component(settings, tmp_path), tmp_path / "logs" / "nats.log")
+    proc.start()
+    yield proc
+    proc.stop()

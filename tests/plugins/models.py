@@ -1,0 +1,1 @@
+"""Fixtures: models (filled by its owner)."""
