@@ -84,11 +84,15 @@ class S3Settings(BaseSettings):
     # Above this size uploads go multipart (S3's minimum part is 5 MiB).
     multipart_threshold_bytes: int = Field(default=64 * 1024**2, ge=5 * 1024**2)
     part_size_bytes: int = Field(default=16 * 1024**2, ge=5 * 1024**2)
-    # Local SeaweedFS only: the other servers `weed server` runs beside the S3 gateway. Their gRPC
-    # ports are these + 10000 (weed's convention).
-    weed_master_port: int = Field(default=9433, ge=1, le=55535)
-    weed_volume_port: int = Field(default=9434, ge=1, le=55535)
-    weed_filer_port: int = Field(default=9435, ge=1, le=55535)
+    # Local SeaweedFS only: the servers `weed server` runs beside the S3 gateway, each with a
+    # gRPC port of its own.
+    grpc_port: int = Field(default=9443, ge=1, le=65535)
+    weed_master_port: int = Field(default=9433, ge=1, le=65535)
+    weed_master_grpc_port: int = Field(default=9444, ge=1, le=65535)
+    weed_volume_port: int = Field(default=9434, ge=1, le=65535)
+    weed_volume_grpc_port: int = Field(default=9445, ge=1, le=65535)
+    weed_filer_port: int = Field(default=9435, ge=1, le=65535)
+    weed_filer_grpc_port: int = Field(default=9446, ge=1, le=65535)
 
     @model_validator(mode="after")
     def _default_endpoint(self) -> S3Settings:

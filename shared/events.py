@@ -1,0 +1,405 @@
+"""Every event on the tuneloop bus: one pydantic model per fact, with its subject and stream beside it.
+
+Producers and consumers import the same class, never a subject string. Subjects carry the tenant
+so NATS permissions can scope an integrator to its own events, and a version, so a breaking
+change is a new subject rather than a surprise:
+
+    tuneloop.<tenant>.<domain>.<fact>.v<version>      e.g. tuneloop.acme.job.progress.v1
+
+Events are facts in past tense; each carries an id (also the JetStream message id, so a
+re-published event is dropped by the stream's duplicate window), a time and a schema version.
+Consumers must be idempotent: delivery is at-least-once.
+
+`python -m shared.events` prints the catalogue.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from shared.chat import Sample
+
+SUBJECT_ROOT = "tuneloop"
+# Tenant of platform-level facts (presence); a valid subject token no tenant slug can take.
+SYSTEM_TENANT = "_system"
+TENANT_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+_TENANT_RE = re.compile(TENANT_PATTERN)
+
+TenantId = Annotated[str, StringConstraints(pattern=TENANT_PATTERN)]
+Metrics = dict[str, float]
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A JetStream stream and its limits; declared idempotently at start-up (shared.bus)."""
+
+    name: str
+    domain: str
+    description: str
+    max_age_days: float | None = None  # None: the settings' default
+    max_msg_size: int = 1024 * 1024
+    duplicate_window_s: float = 120.0
+
+    @property
+    def subjects(self) -> list[str]:
+        return [f"{SUBJECT_ROOT}.*.{self.domain}.>"]
+
+
+SAMPLES = Stream(
+    "TUNELOOP_SAMPLES", "sample", "Captured samples, until persisted", max_msg_size=8 * 1024**2
+)
+DATASETS = Stream("TUNELOOP_DATASETS", "dataset", "Dataset builds")
+JOBS = Stream("TUNELOOP_JOBS", "job", "Fine-tuning job lifecycle and training reports")
+EVALS = Stream("TUNELOOP_EVALS", "eval", "Checkpoint evaluations")
+MODELS = Stream("TUNELOOP_MODELS", "model", "Model registry changes")
+DEPLOYMENTS = Stream("TUNELOOP_DEPLOYMENTS", "deployment", "Deployments of registered models")
+STREAMS: tuple[Stream, ...] = (SAMPLES, DATASETS, JOBS, EVALS, MODELS, DEPLOYMENTS)
+
+CATALOGUE: dict[str, type[Event]] = {}
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Event(BaseModel):
+    """Base of every bus event. Subclasses set `event_name` (domain.fact), `event_version` and `stream`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event_name: ClassVar[str]
+    event_version: ClassVar[int] = 1
+    # None: core NATS only (ephemeral facts such as presence), never persisted.
+    stream: ClassVar[Stream | None]
+
+    event_id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=1, max_length=128)
+    occurred_at: AwareDatetime = Field(default_factory=_now)
+    schema_version: int = Field(ge=1)
+    tenant: TenantId
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "event_name" not in cls.__dict__:
+            return  # an intermediate base, not an event
+        key = f"{cls.event_name}.v{cls.event_version}"
+        if key in CATALOGUE:
+            raise TypeError(
+                f"event {key} is defined twice ({CATALOGUE[key].__name__}, {cls.__name__})"
+            )
+        CATALOGUE[key] = cls
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stamp_version(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "schema_version" not in data:
+            return {**data, "schema_version": cls.event_version}
+        return data
+
+    @model_validator(mode="after")
+    def _check_version(self) -> Event:
+        if self.schema_version != self.event_version:
+            raise ValueError(
+                f"schema_version {self.schema_version} does not match "
+                f"{type(self).__name__} v{self.event_version}; a breaking change is a new subject"
+            )
+        return self
+
+    @classmethod
+    def subject_for(cls, tenant: str) -> str:
+        if tenant != SYSTEM_TENANT and not _TENANT_RE.match(tenant):
+            raise ValueError(f"tenant {tenant!r} is not a valid subject token ({TENANT_PATTERN})")
+        return f"{SUBJECT_ROOT}.{tenant}.{cls.event_name}.v{cls.event_version}"
+
+    @classmethod
+    def subject_pattern(cls) -> str:
+        """The subject a consumer of every tenant's events subscribes to."""
+        return f"{SUBJECT_ROOT}.*.{cls.event_name}.v{cls.event_version}"
+
+    @property
+    def subject(self) -> str:
+        return self.subject_for(self.tenant)
+
+
+class SystemEvent(Event):
+    tenant: Literal["_system"] = SYSTEM_TENANT  # type: ignore[assignment]
+
+
+# --- platform ---------------------------------------------------------------------------------
+
+
+class ServiceHeartbeat(SystemEvent):
+    """A service instance is alive; sent every few seconds so peers and `status` see who is up."""
+
+    event_name = "service.heartbeat"
+    stream = None
+    service: str
+    instance_id: str
+    address: str
+    started_at: AwareDatetime
+
+
+# --- samples and datasets ---------------------------------------------------------------------
+
+
+class SampleCaptured(Event):
+    """A call, upload line or trace became a canonical sample; the ingest persister stores it."""
+
+    event_name = "sample.captured"
+    stream = SAMPLES
+    sample: Sample
+
+    @model_validator(mode="after")
+    def _same_tenant(self) -> SampleCaptured:
+        if self.sample.tenant != self.tenant:
+            raise ValueError(
+                f"sample.tenant {self.sample.tenant!r} differs from event tenant {self.tenant!r}"
+            )
+        return self
+
+
+class DatasetBuildRequested(Event):
+    """Someone asked for a dataset to be built from a filter over samples or from files."""
+
+    event_name = "dataset.build_requested"
+    stream = DATASETS
+    dataset_id: str
+    spec: dict[str, Any]
+
+
+class DatasetBuildProgressed(Event):
+    """A dataset build moved on: which cleaning step ran and how many samples remain."""
+
+    event_name = "dataset.build_progressed"
+    stream = DATASETS
+    dataset_id: str
+    step: str
+    samples_in: int = Field(ge=0)
+    samples_out: int = Field(ge=0)
+
+
+class DatasetBuilt(Event):
+    """A dataset version is complete and immutable in object storage."""
+
+    event_name = "dataset.built"
+    stream = DATASETS
+    dataset_id: str
+    dataset_version: str = Field(description="content hash of the snapshot")
+    uri: str
+    train_count: int = Field(ge=0)
+    eval_count: int = Field(ge=0)
+
+
+class DatasetBuildFailed(Event):
+    event_name = "dataset.build_failed"
+    stream = DATASETS
+    dataset_id: str
+    reason: str
+
+
+# --- fine-tuning jobs -------------------------------------------------------------------------
+
+
+class JobEvent(Event):
+    job_id: str
+
+
+class AttemptEvent(JobEvent):
+    attempt_id: str
+
+
+class JobCreated(JobEvent):
+    """A fine-tuning job was accepted: base model, dataset version, method and hyperparameters."""
+
+    event_name = "job.created"
+    stream = JOBS
+    base_model: str
+    dataset_uri: str
+    method: Literal["lora", "qlora", "full"]
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    suffix: str | None = None
+
+
+class JobQueued(JobEvent):
+    event_name = "job.queued"
+    stream = JOBS
+    position: int = Field(ge=0)
+
+
+class JobAssigned(AttemptEvent):
+    """The scheduler placed an attempt of the job on a provider of the GPU ladder."""
+
+    event_name = "job.assigned"
+    stream = JOBS
+    provider: str
+    resources: dict[str, Any] = Field(default_factory=dict)
+    resume_from: str | None = None
+
+
+class JobStarted(AttemptEvent):
+    event_name = "job.started"
+    stream = JOBS
+    provider: str
+
+
+class JobProgressed(AttemptEvent):
+    """A training report: where the run is and how it is going."""
+
+    event_name = "job.progress"
+    stream = JOBS
+    step: int = Field(ge=0)
+    total_steps: int | None = Field(default=None, ge=0)
+    epoch: float = Field(ge=0)
+    loss: float
+    learning_rate: float
+    grad_norm: float | None = None
+    tokens_per_s: float | None = Field(default=None, ge=0)
+    eta_s: float | None = Field(default=None, ge=0)
+
+
+class CheckpointSaved(AttemptEvent):
+    """A complete checkpoint (manifest and commit marker written) is in object storage."""
+
+    event_name = "job.checkpoint_saved"
+    stream = JOBS
+    step: int = Field(ge=0)
+    uri: str
+    metrics: Metrics = Field(default_factory=dict)
+
+
+class JobRolledOver(JobEvent):
+    """An attempt ended early (provider time limit, crash, NaN) and a new one resumes from a checkpoint."""
+
+    event_name = "job.rolled_over"
+    stream = JOBS
+    from_attempt_id: str
+    to_attempt_id: str
+    reason: Literal["time_limit", "crash", "nan_loss", "preempted", "provider_unavailable"]
+    resume_from: str | None
+
+
+class JobSucceeded(JobEvent):
+    event_name = "job.succeeded"
+    stream = JOBS
+    artifact_uri: str
+    metrics: Metrics = Field(default_factory=dict)
+
+
+class JobFailed(JobEvent):
+    event_name = "job.failed"
+    stream = JOBS
+    reason: str = Field(description="machine-readable code, e.g. nan_loss, oom, bad_dataset")
+    message: str
+    last_checkpoint_uri: str | None = None
+
+
+class JobCancelled(JobEvent):
+    event_name = "job.cancelled"
+    stream = JOBS
+    requested_by: str
+    last_checkpoint_uri: str | None = None
+
+
+# --- evaluation -------------------------------------------------------------------------------
+
+
+class EvalCompleted(JobEvent):
+    """A checkpoint was evaluated on the held-out task data."""
+
+    event_name = "eval.completed"
+    stream = EVALS
+    checkpoint_uri: str
+    step: int = Field(ge=0)
+    scores: Metrics
+    sample_count: int = Field(ge=0)
+    outputs_uri: str | None = None
+
+
+class BestCheckpointChanged(JobEvent):
+    event_name = "eval.best_checkpoint_changed"
+    stream = EVALS
+    checkpoint_uri: str
+    step: int = Field(ge=0)
+    metric: str
+    value: float
+    previous_uri: str | None = None
+
+
+# --- registry and deployments -----------------------------------------------------------------
+
+
+class ModelRegistered(Event):
+    """A checkpoint became a model version in the registry, with its lineage."""
+
+    event_name = "model.registered"
+    stream = MODELS
+    model_id: str
+    model_version: int = Field(ge=1)
+    artifact_uri: str
+    base_model: str
+    job_id: str | None = None
+    dataset_version: str | None = None
+
+
+class ModelAliasChanged(Event):
+    event_name = "model.alias_changed"
+    stream = MODELS
+    model_id: str
+    alias: str
+    model_version: int = Field(ge=1)
+    previous_version: int | None = None
+
+
+class DeploymentEvent(Event):
+    deployment_id: str
+
+
+class DeploymentRequested(DeploymentEvent):
+    event_name = "deployment.requested"
+    stream = DEPLOYMENTS
+    model_id: str
+    model_version: int = Field(ge=1)
+    engine: Literal["vllm", "embedded"]
+    replicas: int = Field(default=1, ge=1)
+
+
+class DeploymentReady(DeploymentEvent):
+    """A deployment serves; the gateway routes `served_model_name` to `endpoint_url`."""
+
+    event_name = "deployment.ready"
+    stream = DEPLOYMENTS
+    served_model_name: str
+    endpoint_url: str
+
+
+class DeploymentFailed(DeploymentEvent):
+    event_name = "deployment.failed"
+    stream = DEPLOYMENTS
+    reason: str
+
+
+class DeploymentStopped(DeploymentEvent):
+    event_name = "deployment.stopped"
+    stream = DEPLOYMENTS
+    served_model_name: str
+    reason: str = "requested"
+
+
+def catalogue_rows() -> list[tuple[str, str, str, str]]:
+    """(subject pattern, stream, class, summary) for every event, for docs and the CLI."""
+    rows = []
+    for cls in CATALOGUE.values():
+        summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        stream = cls.stream.name if cls.stream else "(core NATS)"
+        rows.append((cls.subject_pattern(), stream, cls.__name__, summary))
+    return rows
+
+
+if __name__ == "__main__":
+    for subject, stream, cls_name, summary in catalogue_rows():
+        print(f"{subject:52} {stream:22} {cls_name:24} {summary}")

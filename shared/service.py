@@ -1,0 +1,126 @@
+"""What every tuneloop service process shares: start-up, the bus, health, metrics, shutdown.
+
+A service's `app.py` builds a `ServiceRuntime`, hands it its event router and HTTP router, and
+gets a FastAPI app whose lifespan waits for NATS and the database (bounded), declares the
+JetStream streams, starts the subscribers and the presence heartbeat, and stops them cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import uvicorn
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import JSONResponse
+from faststream.nats import NatsRouter
+
+from shared import bus, db
+from shared.events import ServiceHeartbeat
+from shared.logs import configure_logging
+from shared.presence import Presence
+from shared.redact import register_secret
+from shared.settings import Settings, get_settings
+from shared.telemetry import setup_telemetry
+
+log = logging.getLogger("tuneloop.service")
+
+
+class ServiceRuntime:
+    """The wiring one service process needs; app.py adds only its own routers."""
+
+    def __init__(self, name: str, settings: Settings | None = None) -> None:
+        self.name = name
+        self.settings = settings or get_settings()
+        port = self.settings.services.port_of(name)
+        self.address = f"http://{self.settings.app.bind_host}:{port}"
+        self.instance_id = f"{name}-{socket.gethostname()}-{os.getpid()}"
+        self.broker = bus.make_broker(self.settings.nats, service=name)
+        self.presence = Presence(
+            service=name,
+            instance_id=self.instance_id,
+            address=self.address,
+            interval_s=self.settings.telemetry.heartbeat_interval_s,
+        )
+        bus.subscribe(self.broker, ServiceHeartbeat, service=name)(self.presence.record)
+        self.engine = db.make_engine(self.settings.database_url)
+
+    def include_router(self, router: NatsRouter) -> None:
+        self.broker.include_router(router)
+
+    @asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(db.wait_until_ready, self.engine, timeout_s=self.settings.nats.connect_timeout_s)
+        await bus.connect(self.broker, self.settings.nats)
+        await bus.declare_streams(self.broker.connection.jetstream(), self.settings.nats)
+        await self.broker.start()
+        self.presence.start(self.broker)
+        log.info("%s serving on %s (NATS %s)", self.name, self.address, self.settings.nats.url)
+        try:
+            yield
+        finally:
+            await self.presence.stop()
+            await self.broker.stop()
+            self.engine.dispose()
+
+    def health(self) -> dict[str, Any]:
+        connection = self.broker.connection if self.broker.connection is not None else None
+        if connection is None:
+            bus_state = "not connected"
+        elif connection.is_connected:
+            bus_state = "connected"
+        elif connection.is_reconnecting:
+            bus_state = "reconnecting"
+        else:
+            bus_state = "disconnected"
+        return {
+            "service": self.name,
+            "instance_id": self.instance_id,
+            "status": "ok" if bus_state == "connected" else "degraded",
+            "bus": bus_state,
+            "peers": self.presence.peers(),
+        }
+
+    def _health_router(self) -> APIRouter:
+        router = APIRouter(tags=["health"])
+
+        @router.get("/healthz", summary="Liveness and what this instance sees")
+        async def healthz() -> dict[str, Any]:
+            return self.health()
+
+        @router.get("/readyz", summary="503 while the bus is unreachable")
+        async def readyz() -> JSONResponse:
+            health = self.health()
+            return JSONResponse(health, status_code=200 if health["bus"] == "connected" else 503)
+
+        return router
+
+    def build_app(self, api: APIRouter, *, summary: str) -> FastAPI:
+        app = FastAPI(title=f"tuneloop {self.name}", summary=summary, lifespan=self.lifespan)
+        app.state.runtime = self
+        app.state.db_engine = self.engine
+        app.include_router(self._health_router())
+        app.include_router(api)
+        setup_telemetry(self.name, otlp_endpoint=self.settings.telemetry.otlp_endpoint, app=app)
+        return app
+
+
+def run(name: str, app: FastAPI, settings: Settings | None = None) -> None:
+    """`python -m services.<name>`: serve the app with uvicorn on the service's port."""
+    settings = settings or get_settings()
+    configure_logging(name, level=settings.app.log_level, json=settings.app.log_json)
+    register_secret(settings.s3.secret_key.get_secret_value())
+    register_secret(settings.auth.admin_token.get_secret_value())
+    uvicorn.run(
+        app,
+        host=settings.app.bind_host,
+        port=settings.services.port_of(name),
+        log_config=None,  # keep our structured, redacting handlers
+        loop="uvloop",
+        timeout_graceful_shutdown=10,
+    )

@@ -1,0 +1,160 @@
+"""The bus against a real nats-server with JetStream: streams, publish, durable consumption, redelivery."""
+
+import asyncio
+import uuid
+
+import nats
+import pytest
+from faststream.nats import NatsBroker
+
+from shared import bus
+from shared.events import JOBS, STREAMS, JobQueued
+from shared.settings import NatsSettings, Settings
+from tests.plugins.infra import RunningProcess, free_port
+
+
+@pytest.fixture
+def nats_settings(nats_server: RunningProcess, stack_settings: Settings) -> NatsSettings:
+    return stack_settings.nats
+
+
+def _tenant() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+async def _started(settings: NatsSettings, service: str) -> NatsBroker:
+    broker = bus.make_broker(settings, service=service)
+    await bus.connect(broker, settings)
+    await bus.declare_streams(broker.connection.jetstream(), settings)
+    return broker
+
+
+async def _wait_for(predicate, timeout_s: float = 10.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.05)
+
+
+async def test_streams_are_declared_with_limits_and_redeclaring_is_harmless(nats_settings: NatsSettings) -> None:
+    nc = await nats.connect(nats_settings.url)
+    try:
+        js = nc.jetstream()
+        await bus.declare_streams(js, nats_settings)
+        await bus.declare_streams(js, nats_settings)  # a second service starting up
+        for stream in STREAMS:
+            info = await js.stream_info(stream.name)
+            assert info.config.subjects == stream.subjects
+            assert info.config.max_bytes == nats_settings.stream_max_bytes
+            assert info.config.max_msg_size == stream.max_msg_size
+            assert info.config.duplicate_window == pytest.approx(stream.duplicate_window_s)
+        tighter = nats_settings.model_copy(update={"stream_max_bytes": 1024**3})
+        await bus.declare_streams(js, tighter)
+        assert (await js.stream_info(JOBS.name)).config.max_bytes == 1024**3
+        await bus.declare_streams(js, nats_settings)
+    finally:
+        await nc.close()
+
+
+async def test_published_event_reaches_a_durable_subscriber_as_the_same_class(nats_settings: NatsSettings) -> None:
+    tenant = _tenant()
+    received: list[JobQueued] = []
+    consumer = await _started(nats_settings, "consumer")
+    service = f"svc{uuid.uuid4().hex[:6]}"
+
+    @bus.subscribe(consumer, JobQueued, service=service)
+    async def on_queued(event: JobQueued) -> None:
+        if event.tenant == tenant:
+            received.append(event)
+
+    await consumer.start()
+    producer = await _started(nats_settings, "producer")
+    try:
+        sent = JobQueued(tenant=tenant, job_id="job-1", position=2)
+        await bus.publish(producer, sent)
+        await _wait_for(lambda: len(received) == 1)
+        assert received == [sent]
+        assert isinstance(received[0], JobQueued)
+    finally:
+        await producer.stop()
+        await consumer.stop()
+
+
+async def test_republishing_the_same_event_is_stored_once(nats_settings: NatsSettings) -> None:
+    tenant = _tenant()
+    producer = await _started(nats_settings, "producer")
+    try:
+        event = JobQueued(tenant=tenant, job_id="job-dup", position=0)
+        await bus.publish(producer, event)
+        await bus.publish(producer, event)  # a retry after a lost ack
+        js = producer.connection.jetstream()
+        sub = await js.pull_subscribe(JobQueued.subject_for(tenant), stream=JOBS.name)
+        messages = await sub.fetch(10, timeout=1.0)
+        await asyncio.sleep(0.2)
+        with pytest.raises(nats.errors.TimeoutError):
+            await sub.fetch(10, timeout=0.5)
+        assert len(messages) == 1
+        assert JobQueued.model_validate_json(messages[0].data) == event
+    finally:
+        await producer.stop()
+
+
+async def test_a_failing_handler_gets_the_event_again(nats_settings: NatsSettings) -> None:
+    tenant = _tenant()
+    attempts: list[str] = []
+    consumer = await _started(nats_settings, "consumer")
+
+    @bus.subscribe(consumer, JobQueued, service=f"svc{uuid.uuid4().hex[:6]}")
+    async def flaky(event: JobQueued) -> None:
+        if event.tenant != tenant:
+            return
+        attempts.append(event.event_id)
+        if len(attempts) == 1:
+            raise RuntimeError("database briefly away")
+
+    await consumer.start()
+    try:
+        event = JobQueued(tenant=tenant, job_id="job-2", position=0)
+        await bus.publish(consumer, event)
+        await _wait_for(lambda: len(attempts) >= 2)
+        assert attempts[:2] == [event.event_id, event.event_id]
+    finally:
+        await consumer.stop()
+
+
+async def test_durable_consumer_catches_up_after_being_away(nats_settings: NatsSettings) -> None:
+    tenant = _tenant()
+    service = f"svc{uuid.uuid4().hex[:6]}"
+    seen: list[int] = []
+
+    async def run_consumer() -> NatsBroker:
+        consumer = await _started(nats_settings, "consumer")
+
+        @bus.subscribe(consumer, JobQueued, service=service)
+        async def record(event: JobQueued) -> None:
+            if event.tenant == tenant:
+                seen.append(event.position)
+
+        await consumer.start()
+        return consumer
+
+    consumer = await run_consumer()
+    producer = await _started(nats_settings, "producer")
+    try:
+        await bus.publish(producer, JobQueued(tenant=tenant, job_id="j", position=1))
+        await _wait_for(lambda: seen == [1])
+        await consumer.stop()
+        for position in (2, 3):  # published while the consumer is down
+            await bus.publish(producer, JobQueued(tenant=tenant, job_id="j", position=position))
+        consumer = await run_consumer()
+        await _wait_for(lambda: len(seen) >= 3)
+        assert seen == [1, 2, 3]
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+async def test_unreachable_nats_fails_with_one_clear_line() -> None:
+    settings = NatsSettings(port=free_port(), connect_timeout_s=1.0)
+    broker = bus.make_broker(settings, service="lonely")
+    with pytest.raises(bus.BusUnavailable, match=rf"NATS at nats://127.0.0.1:{settings.port} unreachable after 1s"):
+        await bus.connect(broker, settings)
