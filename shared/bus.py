@@ -40,11 +40,11 @@ class BusUnavailable(RuntimeError):
 def make_broker(settings: NatsSettings, *, service: str) -> NatsBroker:
     """A broker that reconnects forever and says so in the log, for one service process."""
     url = settings.url
-    wait_s = 1.0
+    wait_s = 1
 
     async def disconnected() -> None:
         log.warning(
-            "NATS connection to %s lost; reconnecting every %.0fs until it returns", url, wait_s
+            "NATS connection to %s lost; reconnecting every %ds until it returns", url, wait_s
         )
 
     async def reconnected() -> None:
@@ -59,7 +59,7 @@ def make_broker(settings: NatsSettings, *, service: str) -> NatsBroker:
         allow_reconnect=True,
         max_reconnect_attempts=-1,
         reconnect_time_wait=wait_s,
-        connect_timeout=2.0,
+        connect_timeout=2,
         disconnected_cb=disconnected,
         reconnected_cb=reconnected,
         error_cb=error,
@@ -100,7 +100,9 @@ async def connect(broker: NatsBroker, settings: NatsSettings) -> None:
         ):
             with attempt:
                 await _probe(settings.url)
-                await asyncio.wait_for(broker.connect(), timeout=max(settings.connect_timeout_s, 5.0))
+                await asyncio.wait_for(
+                    broker.connect(), timeout=max(settings.connect_timeout_s, 5.0)
+                )
     except RetryError as exc:
         reason = exc.last_attempt.exception()
         raise BusUnavailable(

@@ -80,7 +80,8 @@ class Event(BaseModel):
 
     event_id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=1, max_length=128)
     occurred_at: AwareDatetime = Field(default_factory=_now)
-    schema_version: int = Field(ge=1)
+    # Stamped with the class's event_version when absent (see _stamp_version).
+    schema_version: int = 0
     tenant: TenantId
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -75,6 +75,8 @@ class Component:
     address: str
     ready: Check
     prepare: Callable[[], None] | None = None
+    # After SIGTERM, how long to wait before SIGKILL.
+    stop_timeout_s: float = 15.0
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -166,6 +168,7 @@ def _component(settings: Settings, spec: dict[str, Any]) -> Component:
         address=_resolve(settings, spec["address"]),
         ready=http_ready(_resolve(settings, ready["http"]), list(ready["status"])),
         prepare=(lambda: prepare(settings)) if prepare else None,
+        stop_timeout_s=float(spec.get("stop_timeout_s", 15.0)),
     )
 
 

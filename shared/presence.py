@@ -78,7 +78,7 @@ class Presence:
             # While NATS is away the client buffers or refuses; presence must never crash the service.
             try:
                 await publish(broker, self.heartbeat())
-            except Exception as exc:  # noqa: BLE001 - logged, retried next beat
+            except Exception as exc:
                 log.debug("heartbeat not sent: %s", exc)
             await asyncio.sleep(self.interval_s)
 

@@ -55,7 +55,9 @@ class ServiceRuntime:
 
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
-        await asyncio.to_thread(db.wait_until_ready, self.engine, timeout_s=self.settings.nats.connect_timeout_s)
+        await asyncio.to_thread(
+            db.wait_until_ready, self.engine, timeout_s=self.settings.nats.connect_timeout_s
+        )
         await bus.connect(self.broker, self.settings.nats)
         await bus.declare_streams(self.broker.connection.jetstream(), self.settings.nats)
         await self.broker.start()

@@ -65,7 +65,9 @@ class NatsSettings(BaseSettings):
         if not self.url:
             self.url = f"nats://{self.host}:{self.port}"
         if not self.url.startswith(("nats://", "tls://", "ws://", "wss://")):
-            raise ValueError(f"url must start with nats://, tls://, ws:// or wss:// (got {self.url!r})")
+            raise ValueError(
+                f"url must start with nats://, tls://, ws:// or wss:// (got {self.url!r})"
+            )
         return self
 
 
@@ -109,7 +111,9 @@ class DatabaseSettings(BaseSettings):
     model_config = _config("TUNELOOP_DATABASE_")
 
     # SQLite file under the data dir unless DATABASE_URL (or TUNELOOP_DATABASE_URL) says otherwise.
-    url: str = Field(default="", validation_alias=AliasChoices("TUNELOOP_DATABASE_URL", "DATABASE_URL"))
+    url: str = Field(
+        default="", validation_alias=AliasChoices("TUNELOOP_DATABASE_URL", "DATABASE_URL")
+    )
     echo: bool = False
 
 
@@ -176,7 +180,11 @@ def _load(cls: type[BaseSettings], **overrides: Any) -> Any:
     except ValidationError as exc:
         problems = "; ".join(
             f"{_env_name(cls, tuple(err['loc']))}: {err['msg']}"
-            + (f" (got {err['input']!r})" if isinstance(err.get("input"), str | int | float) else "")
+            + (
+                f" (got {err['input']!r})"
+                if isinstance(err.get("input"), str | int | float)
+                else ""
+            )
             for err in exc.errors()
         )
         raise SettingsError(f"invalid settings: {problems}") from None

@@ -8,6 +8,7 @@ is checked first, and a component that does not become ready stops what this cal
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,7 +23,6 @@ from shared.localstack import Component
 from shared.settings import Settings
 
 READY_TIMEOUT_S = 90.0
-STOP_TIMEOUT_S = 15.0
 
 
 class StackError(RuntimeError):
@@ -108,14 +108,14 @@ def up(settings: Settings) -> list[ComponentState]:
         raise StackError("nothing started:\n  " + "\n  ".join(conflicts))
     if any(comp.name in localstack.SERVICES for comp in to_start):
         _migrate(settings)
-    started: list[str] = []
+    started: list[Component] = []
     try:
         for comp in to_start:
-            started.append(comp.name)
+            started.append(comp)
             _start(settings, comp)
     except BaseException:
-        for name in reversed(started):
-            _stop(settings, name)
+        for comp in reversed(started):
+            _stop(settings, comp)
         raise
     return status(settings)
 
@@ -127,40 +127,43 @@ def _migrate(settings: Settings) -> None:
     db.migrate(settings.database_url)
 
 
-def _stop(settings: Settings, name: str) -> bool:
-    process = running_process(settings, name)
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return bool(process.is_running() and process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _stop(settings: Settings, comp: Component) -> bool:
+    """SIGTERM the component's process group, SIGKILL it after the component's grace period."""
+    process = running_process(settings, comp.name)
     if process is None:
         return False
     group = os.getpgid(process.pid)
     os.killpg(group, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while (
-        time.monotonic() < deadline
-        and process.is_running()
-        and process.status() != psutil.STATUS_ZOMBIE
-    ):
+    deadline = time.monotonic() + comp.stop_timeout_s
+    while time.monotonic() < deadline and _alive(process):
         time.sleep(0.1)
-    if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-        os.killpg(group, signal.SIGKILL)
-        process.wait(STOP_TIMEOUT_S)
-    _pidfile(settings, name).unlink(missing_ok=True)
+    if _alive(process):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):
+            process.wait(5)
+    _pidfile(settings, comp.name).unlink(missing_ok=True)
     return True
 
 
 def down(settings: Settings) -> list[str]:
     """Stop the components this data dir started, services first; returns the names stopped."""
     components = localstack.stack_components(settings)
-    return [comp.name for comp in reversed(components) if _stop(settings, comp.name)]
+    return [comp.name for comp in reversed(components) if _stop(settings, comp)]
 
 
 def status(settings: Settings) -> list[ComponentState]:
     states = []
     for comp in localstack.stack_components(settings):
         process = running_process(settings, comp.name)
-        if process is None:
-            state = "down"
-        else:
-            state = "up" if comp.ready() else "starting"
+        state = "down" if process is None else "up" if comp.ready() else "starting"
         states.append(
             ComponentState(comp.name, comp.address, process.pid if process else None, state)
         )

@@ -12,4 +12,7 @@ SERVICE = "evaluator"
 def create_app(settings: Settings | None = None) -> FastAPI:
     runtime = ServiceRuntime(SERVICE, settings)
     runtime.include_router(handlers.router)
-    return runtime.build_app(api.router, summary="Mid-run task evals: generation on held-out data, the rubric judge, scores, best-checkpoint choice and the eval gate.")
+    return runtime.build_app(
+        api.router,
+        summary="Mid-run task evals: generation on held-out data, the rubric judge, scores, best-checkpoint choice and the eval gate.",
+    )

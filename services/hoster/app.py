@@ -12,4 +12,7 @@ SERVICE = "hoster"
 def create_app(settings: Settings | None = None) -> FastAPI:
     runtime = ServiceRuntime(SERVICE, settings)
     runtime.include_router(handlers.router)
-    return runtime.build_app(api.router, summary="Model registry (versions, lineage, stages), deployments and inference engines behind OpenAI-compatible endpoints.")
+    return runtime.build_app(
+        api.router,
+        summary="Model registry (versions, lineage, stages), deployments and inference engines behind OpenAI-compatible endpoints.",
+    )

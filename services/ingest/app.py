@@ -12,4 +12,7 @@ SERVICE = "ingest"
 def create_app(settings: Settings | None = None) -> FastAPI:
     runtime = ServiceRuntime(SERVICE, settings)
     runtime.include_router(handlers.router)
-    return runtime.build_app(api.router, summary="HTTP edge: the OpenAI/Anthropic/Gemini-compatible gateway, JSONL upload, OTLP trace receiver, sample store and dataset builder.")
+    return runtime.build_app(
+        api.router,
+        summary="HTTP edge: the OpenAI/Anthropic/Gemini-compatible gateway, JSONL upload, OTLP trace receiver, sample store and dataset builder.",
+    )

@@ -12,4 +12,7 @@ SERVICE = "scheduler"
 def create_app(settings: Settings | None = None) -> FastAPI:
     runtime = ServiceRuntime(SERVICE, settings)
     runtime.include_router(handlers.router)
-    return runtime.build_app(api.router, summary="Fine-tuning jobs API, dataset analysis into a recipe, the GPU priority ladder, attempts, rollover, recovery and the signed-webhook receiver.")
+    return runtime.build_app(
+        api.router,
+        summary="Fine-tuning jobs API, dataset analysis into a recipe, the GPU priority ladder, attempts, rollover, recovery and the signed-webhook receiver.",
+    )

@@ -15,7 +15,9 @@ from tests.plugins.infra import RunningProcess, make_settings, settings_env
 def start_service(settings: Settings, name: str) -> RunningProcess:
     data_dir = settings.app.data_dir
     proc = RunningProcess(
-        localstack.component(settings, name), data_dir / "logs" / f"{name}.log", env=settings_env(settings)
+        localstack.component(settings, name),
+        data_dir / "logs" / f"{name}.log",
+        env=settings_env(settings),
     )
     proc.start(timeout_s=60)
     return proc
@@ -30,7 +32,9 @@ def peer_services(settings: Settings, name: str) -> set[str]:
 
 
 @pytest.fixture
-def services_settings(nats_server: RunningProcess, stack_settings: Settings, tmp_path: Path) -> Settings:
+def services_settings(
+    nats_server: RunningProcess, stack_settings: Settings, tmp_path: Path
+) -> Settings:
     """The session's NATS; a data dir, database and service ports of the test's own."""
     return make_settings(
         tmp_path,
@@ -51,13 +55,19 @@ def two_services(services_settings: Settings) -> Iterator[tuple[RunningProcess, 
 def test_an_event_from_one_service_process_is_consumed_by_another(
     services_settings: Settings, two_services: tuple[RunningProcess, RunningProcess]
 ) -> None:
-    assert localstack.wait_until(lambda: "scheduler" in peer_services(services_settings, "ingest"), 15)
-    assert localstack.wait_until(lambda: "ingest" in peer_services(services_settings, "scheduler"), 15)
+    assert localstack.wait_until(
+        lambda: "scheduler" in peer_services(services_settings, "ingest"), 15
+    )
+    assert localstack.wait_until(
+        lambda: "ingest" in peer_services(services_settings, "scheduler"), 15
+    )
     body = health(services_settings, "ingest").json()
     assert body["bus"] == "connected"
     assert body["status"] == "ok"
     scheduler_peer = next(peer for peer in body["peers"] if peer["service"] == "scheduler")
-    assert scheduler_peer["address"] == f"http://127.0.0.1:{services_settings.services.scheduler_port}"
+    assert (
+        scheduler_peer["address"] == f"http://127.0.0.1:{services_settings.services.scheduler_port}"
+    )
 
 
 def test_each_service_serves_metrics(services_settings: Settings, two_services: object) -> None:
@@ -83,14 +93,22 @@ def test_service_reconnects_when_nats_returns(private_nats: RunningProcess, tmp_
         assert localstack.wait_until(lambda: "hoster" in peer_services(settings, "ingest"), 15)
 
         private_nats.kill()
-        assert localstack.wait_until(lambda: "lost; reconnecting" in ingest.log(), 15), ingest.log()[-2000:]
-        assert localstack.wait_until(lambda: health(settings, "ingest", "/readyz").status_code == 503, 10)
+        assert localstack.wait_until(lambda: "lost; reconnecting" in ingest.log(), 15), (
+            ingest.log()[-2000:]
+        )
+        assert localstack.wait_until(
+            lambda: health(settings, "ingest", "/readyz").status_code == 503, 10
+        )
         # With NATS gone, heartbeats stop arriving and the peer ages out.
         assert localstack.wait_until(lambda: "hoster" not in peer_services(settings, "ingest"), 10)
 
         private_nats.start()  # same port, same JetStream store
-        assert localstack.wait_until(lambda: "NATS reconnected" in ingest.log(), 30), ingest.log()[-2000:]
-        assert localstack.wait_until(lambda: health(settings, "ingest", "/readyz").status_code == 200, 15)
+        assert localstack.wait_until(lambda: "NATS reconnected" in ingest.log(), 30), ingest.log()[
+            -2000:
+        ]
+        assert localstack.wait_until(
+            lambda: health(settings, "ingest", "/readyz").status_code == 200, 15
+        )
         assert localstack.wait_until(lambda: "hoster" in peer_services(settings, "ingest"), 15)
     finally:
         ingest.stop()

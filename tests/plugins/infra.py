@@ -25,7 +25,7 @@ _handed_out: set[int] = set()
 def free_port() -> int:
     """A port free now and not handed to another fixture of this session."""
     for _ in range(1000):
-        port = random.randint(20_000, 60_000)  # noqa: S311 - not security
+        port = random.randint(20_000, 60_000)
         if port not in _handed_out and localstack.port_is_free(port):
             _handed_out.add(port)
             return port
@@ -98,9 +98,10 @@ class RunningProcess:
                 f"{self.component.name} did not become ready in {timeout_s}s; log:\n{tail}"
             )
 
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> None:
+    def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.process is None or self.process.poll() is not None:
             return
+        timeout_s = self.component.stop_timeout_s
         os.killpg(self.process.pid, sig)
         try:
             self.process.wait(timeout_s)

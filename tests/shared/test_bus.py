@@ -35,7 +35,9 @@ async def _wait_for(predicate, timeout_s: float = 10.0) -> None:
             await asyncio.sleep(0.05)
 
 
-async def test_streams_are_declared_with_limits_and_redeclaring_is_harmless(nats_settings: NatsSettings) -> None:
+async def test_streams_are_declared_with_limits_and_redeclaring_is_harmless(
+    nats_settings: NatsSettings,
+) -> None:
     nc = await nats.connect(nats_settings.url)
     try:
         js = nc.jetstream()
@@ -55,7 +57,9 @@ async def test_streams_are_declared_with_limits_and_redeclaring_is_harmless(nats
         await nc.close()
 
 
-async def test_published_event_reaches_a_durable_subscriber_as_the_same_class(nats_settings: NatsSettings) -> None:
+async def test_published_event_reaches_a_durable_subscriber_as_the_same_class(
+    nats_settings: NatsSettings,
+) -> None:
     tenant = _tenant()
     received: list[JobQueued] = []
     consumer = await _started(nats_settings, "consumer")
@@ -156,5 +160,7 @@ async def test_durable_consumer_catches_up_after_being_away(nats_settings: NatsS
 async def test_unreachable_nats_fails_with_one_clear_line() -> None:
     settings = NatsSettings(port=free_port(), connect_timeout_s=1.0)
     broker = bus.make_broker(settings, service="lonely")
-    with pytest.raises(bus.BusUnavailable, match=rf"NATS at nats://127.0.0.1:{settings.port} unreachable after 1s"):
+    with pytest.raises(
+        bus.BusUnavailable, match=rf"NATS at nats://127.0.0.1:{settings.port} unreachable after 1s"
+    ):
         await bus.connect(broker, settings)

@@ -20,7 +20,7 @@ LOOP_FACTS = {
 
 def test_catalogue_covers_the_whole_loop() -> None:
     names = {cls.event_name for cls in CATALOGUE.values()}
-    assert LOOP_FACTS <= names, f"missing: {sorted(LOOP_FACTS - names)}"
+    assert names >= LOOP_FACTS, f"missing: {sorted(LOOP_FACTS - names)}"
 
 
 def test_every_persisted_event_lands_in_exactly_one_declared_stream() -> None:
@@ -44,7 +44,13 @@ def _matches(pattern: str, subject: str) -> bool:
 
 def test_subject_carries_tenant_and_version() -> None:
     event = JobProgressed(
-        tenant="acme", job_id="job-1", attempt_id="a1", step=3, epoch=0.5, loss=1.25, learning_rate=1e-4
+        tenant="acme",
+        job_id="job-1",
+        attempt_id="a1",
+        step=3,
+        epoch=0.5,
+        loss=1.25,
+        learning_rate=1e-4,
     )
     assert event.subject == "tuneloop.acme.job.progress.v1"
     assert JobProgressed.subject_pattern() == "tuneloop.*.job.progress.v1"
@@ -80,7 +86,10 @@ def test_unknown_fields_and_wrong_schema_version_are_refused() -> None:
 
 def test_system_events_use_the_system_tenant_on_core_nats() -> None:
     assert ServiceHeartbeat.stream is None
-    assert ServiceHeartbeat.subject_for(events.SYSTEM_TENANT) == "tuneloop._system.service.heartbeat.v1"
+    assert (
+        ServiceHeartbeat.subject_for(events.SYSTEM_TENANT)
+        == "tuneloop._system.service.heartbeat.v1"
+    )
 
 
 def test_defining_an_event_twice_is_an_error() -> None:
@@ -92,7 +101,9 @@ def test_defining_an_event_twice_is_an_error() -> None:
 
 
 def test_module_prints_the_catalogue() -> None:
-    out = subprocess.run([sys.executable, "-m", "shared.events"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "shared.events"], capture_output=True, text=True, check=True
+    )
     assert "tuneloop.*.job.checkpoint_saved.v1" in out.stdout
     assert "TUNELOOP_JOBS" in out.stdout
     assert len(out.stdout.strip().splitlines()) == len(CATALOGUE)

@@ -15,9 +15,16 @@ async def test_nats_server_has_jetstream(nats_server: RunningProcess, stack_sett
         await nc.close()
 
 
-def test_s3_server_accepts_the_configured_credentials(s3_server: RunningProcess, stack_settings) -> None:
+def test_s3_server_accepts_the_configured_credentials(
+    s3_server: RunningProcess, stack_settings
+) -> None:
     s3 = stack_settings.s3
-    client = Minio(s3.endpoint, access_key=s3.access_key, secret_key=s3.secret_key.get_secret_value(), secure=False)
+    client = Minio(
+        s3.endpoint,
+        access_key=s3.access_key,
+        secret_key=s3.secret_key.get_secret_value(),
+        secure=False,
+    )
     bucket = "smoke-bucket"
     if not client.bucket_exists(bucket):
         client.make_bucket(bucket)
