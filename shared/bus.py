@@ -43,6 +43,9 @@ def make_broker(settings: NatsSettings, *, service: str) -> NatsBroker:
     wait_s = 1
 
     async def disconnected() -> None:
+        connection = broker.connection
+        if connection is not None and connection.is_closed:
+            return  # our own shutdown (drain, then close), not an outage
         log.warning(
             "NATS connection to %s lost; reconnecting every %ds until it returns", url, wait_s
         )
@@ -53,7 +56,7 @@ def make_broker(settings: NatsSettings, *, service: str) -> NatsBroker:
     async def error(exc: Exception) -> None:
         log.warning("NATS client error (%s): %s", type(exc).__name__, exc)
 
-    return NatsBroker(
+    broker = NatsBroker(
         url,
         name=f"tuneloop-{service}",
         allow_reconnect=True,
@@ -67,7 +70,10 @@ def make_broker(settings: NatsSettings, *, service: str) -> NatsBroker:
         pending_size=64 * 1024**2,
         graceful_timeout=10.0,
         logger=logging.getLogger(f"tuneloop.{service}.faststream"),
+        # Per-message "Received/Processed" lines only at DEBUG: heartbeats alone would flood INFO.
+        log_level=logging.DEBUG,
     )
+    return broker
 
 
 async def _probe(url: str) -> None:

@@ -41,11 +41,15 @@ _RECORD_FIELDS = frozenset(
     }
 )
 _REDACTED_MARK = "_tuneloop_redacted"
+# uvicorn attaches an ANSI-coloured copy of every message; it is noise in a JSON line.
+_DROPPED_EXTRAS = frozenset({_REDACTED_MARK, "color_message"})
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
     return {
-        k: v for k, v in vars(record).items() if k not in _RECORD_FIELDS and k != _REDACTED_MARK
+        k: v
+        for k, v in vars(record).items()
+        if k not in _RECORD_FIELDS and k not in _DROPPED_EXTRAS
     }
 
 
