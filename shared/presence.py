@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -33,8 +34,17 @@ class Peer:
 class Presence:
     """Heartbeats out, peers in."""
 
-    def __init__(self, *, service: str, instance_id: str, address: str, interval_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        service: str,
+        instance_id: str,
+        address: str,
+        interval_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.service = service
+        self._clock = clock
         self.instance_id = instance_id
         self.address = address
         self.interval_s = interval_s
@@ -55,12 +65,13 @@ class Presence:
         if beat.instance_id == self.instance_id:
             return
         self._peers[beat.instance_id] = Peer(
-            beat.service, beat.instance_id, beat.address, time.monotonic()
+            beat.service, beat.instance_id, beat.address, self._clock()
         )
 
     def peers(self) -> list[dict[str, object]]:
         """Peers heard within three heartbeat intervals, freshest first."""
-        horizon = time.monotonic() - 3 * self.interval_s
+        now = self._clock()
+        horizon = now - 3 * self.interval_s
         alive = [peer for peer in self._peers.values() if peer.last_seen >= horizon]
         alive.sort(key=lambda peer: -peer.last_seen)
         return [
@@ -68,7 +79,7 @@ class Presence:
                 "service": peer.service,
                 "instance_id": peer.instance_id,
                 "address": peer.address,
-                "seen_s_ago": round(time.monotonic() - peer.last_seen, 2),
+                "seen_s_ago": round(now - peer.last_seen, 2),
             }
             for peer in alive
         ]
