@@ -1,0 +1,285 @@
+"""Tenants and the API keys bound to them: issue, revoke, authenticate, and the FastAPI guards.
+
+Keys look like `tl_<prefix>_<secret>`: 8 lowercase characters users see in listings and we look up
+by, then 32 random bytes (urlsafe base64). Only the prefix and a sha256 of the whole key are stored;
+a fast hash is right for 256 random bits. The plaintext leaves `issue_api_key` once.
+
+Apps give the guards their database by keeping the engine on `app.state.db_engine` (set in the
+lifespan, see shared.db.get_engine) or by overriding `shared.db.get_engine`; `require_admin` reads
+`AuthSettings` through the overridable `get_auth_settings` dependency.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+import string
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Annotated
+from uuid import uuid4
+
+from fastapi import Depends, HTTPException, Request, status
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlmodel import Field, Session, SQLModel, col, select
+
+from shared.db import UTCDateTime, get_engine, session_scope, utcnow
+from shared.settings import AuthSettings, get_settings
+
+log = logging.getLogger(__name__)
+
+KEY_PATTERN = re.compile(r"tl_([a-z0-9]{8})_([A-Za-z0-9_-]{43})")
+# Tenant ids travel in NATS subjects (tuneloop.<tenant>.…), so no dots, wildcards or spaces.
+TENANT_ID_PATTERN = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+NAME_MAX_LENGTH = 200
+ACCEPTED_KEY_SOURCES = (
+    "'Authorization: Bearer <key>', 'x-api-key: <key>', 'x-goog-api-key: <key>' "
+    "or the '?key=<key>' query parameter"
+)
+_PREFIX_ALPHABET = string.ascii_lowercase + string.digits
+# Stamping last_used_at on every request would make authentication a write; a minute will do.
+_LAST_USED_RESOLUTION = timedelta(minutes=1)
+# Compared against when a prefix is unknown, so timing doesn't reveal which prefixes exist.
+_NO_SUCH_HASH = hashlib.sha256(b"no such key").hexdigest()
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="tuneloop"'}
+
+
+class Tenant(SQLModel, table=True):
+    __tablename__ = "auth_tenants"
+
+    id: str = Field(primary_key=True, max_length=63)
+    name: str = Field(max_length=NAME_MAX_LENGTH)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class ApiKey(SQLModel, table=True):
+    __tablename__ = "auth_api_keys"
+
+    id: str = Field(default_factory=lambda: uuid4().hex, primary_key=True, max_length=32)
+    tenant_id: str = Field(
+        foreign_key="auth_tenants.id", ondelete="CASCADE", index=True, max_length=63
+    )
+    name: str = Field(max_length=NAME_MAX_LENGTH)
+    prefix: str = Field(unique=True, index=True, max_length=8)
+    key_hash: str = Field(max_length=64, repr=False)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    last_used_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    revoked_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who made a request: the tenant everything it touches is scoped to, and the key it used."""
+
+    tenant_id: str
+    key_id: str
+
+
+class AuthError(Exception):
+    """Authentication failed. Messages are safe to return: they never contain the presented key."""
+
+
+class MissingKeyError(AuthError):
+    pass
+
+
+class MalformedKeyError(AuthError):
+    pass
+
+
+class UnknownKeyError(AuthError):
+    pass
+
+
+class RevokedKeyError(AuthError):
+    pass
+
+
+class AuthInputError(ValueError):
+    """An argument is invalid; the message names it (maps to 422)."""
+
+
+class TenantExistsError(Exception):
+    """The tenant id is taken (maps to 409)."""
+
+
+class NotFoundError(LookupError):
+    """A tenant or key doesn't exist for the caller (maps to 404)."""
+
+
+class TenantNotFoundError(NotFoundError):
+    pass
+
+
+class ApiKeyNotFoundError(NotFoundError):
+    pass
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _check_name(name: str, *, field: str) -> None:
+    if not name.strip() or len(name) > NAME_MAX_LENGTH:
+        raise AuthInputError(f"{field}: must be 1-{NAME_MAX_LENGTH} characters, not blank")
+
+
+# --- crud -------------------------------------------------------------------------------------
+
+
+def create_tenant(session: Session, *, tenant_id: str, name: str) -> Tenant:
+    if not TENANT_ID_PATTERN.fullmatch(tenant_id):
+        raise AuthInputError(
+            f"tenant_id: {tenant_id[:80]!r} must be 1-63 lowercase letters, digits or inner hyphens"
+        )
+    _check_name(name, field="name")
+    if session.get(Tenant, tenant_id) is not None:
+        raise TenantExistsError(f"tenant {tenant_id!r} already exists")
+    tenant = Tenant(id=tenant_id, name=name)
+    session.add(tenant)
+    try:
+        session.commit()
+    except IntegrityError:  # created by another process since the check above
+        session.rollback()
+        raise TenantExistsError(f"tenant {tenant_id!r} already exists") from None
+    session.refresh(tenant)
+    return tenant
+
+
+def _unused_prefix(session: Session) -> str:
+    # 36**8 prefixes make a clash rare; the loop makes it harmless.
+    for _ in range(10):
+        prefix = "".join(secrets.choice(_PREFIX_ALPHABET) for _ in range(8))
+        if session.exec(select(ApiKey.id).where(ApiKey.prefix == prefix)).first() is None:
+            return prefix
+    raise RuntimeError("could not find an unused API key prefix in 10 tries")
+
+
+def issue_api_key(session: Session, *, tenant_id: str, name: str) -> tuple[ApiKey, str]:
+    """Create a key for the tenant; returns the row and the plaintext (shown to the user once)."""
+    _check_name(name, field="name")
+    if session.get(Tenant, tenant_id) is None:
+        raise TenantNotFoundError(f"tenant {tenant_id!r} does not exist")
+    prefix = _unused_prefix(session)
+    plaintext = f"tl_{prefix}_{secrets.token_urlsafe(32)}"
+    key = ApiKey(tenant_id=tenant_id, name=name, prefix=prefix, key_hash=hash_key(plaintext))
+    session.add(key)
+    session.commit()
+    session.refresh(key)
+    log.info("issued API key %s (%s) for tenant %s", key.id, prefix, tenant_id)
+    return key, plaintext
+
+
+def list_api_keys(session: Session, *, tenant_id: str) -> list[ApiKey]:
+    statement = select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(col(ApiKey.created_at))
+    return list(session.exec(statement).all())
+
+
+def revoke_api_key(session: Session, *, tenant_id: str, key_id: str) -> ApiKey:
+    """Revoke one of the tenant's keys (idempotent). Another tenant's key id is simply not found."""
+    statement = select(ApiKey).where(ApiKey.id == key_id, ApiKey.tenant_id == tenant_id)
+    key = session.exec(statement).first()
+    if key is None:
+        raise ApiKeyNotFoundError(f"API key {key_id!r} not found for tenant {tenant_id!r}")
+    if key.revoked_at is None:
+        key.revoked_at = utcnow()
+        session.add(key)
+        session.commit()
+        session.refresh(key)
+        log.info("revoked API key %s (%s) of tenant %s", key.id, key.prefix, tenant_id)
+    return key
+
+
+def authenticate(session: Session, presented_key: str) -> Principal:
+    """The principal a key stands for; raises Malformed-, Unknown- or RevokedKeyError."""
+    match = KEY_PATTERN.fullmatch(presented_key)
+    if match is None:
+        raise MalformedKeyError(
+            "API key is malformed: tuneloop keys look like tl_<8 characters>_<secret>"
+        )
+    key = session.exec(select(ApiKey).where(ApiKey.prefix == match.group(1))).first()
+    stored_hash = key.key_hash if key is not None else _NO_SUCH_HASH
+    if not hmac.compare_digest(hash_key(presented_key), stored_hash) or key is None:
+        raise UnknownKeyError("API key is not recognised")
+    # Only the holder of the real key learns that it was revoked.
+    if key.revoked_at is not None:
+        raise RevokedKeyError(f"API key {key.prefix} was revoked")
+    principal = Principal(tenant_id=key.tenant_id, key_id=key.id)
+    _touch(session, key)
+    return principal
+
+
+def _touch(session: Session, key: ApiKey) -> None:
+    now = utcnow()
+    if key.last_used_at is not None and now - key.last_used_at < _LAST_USED_RESOLUTION:
+        return
+    key.last_used_at = now
+    session.add(key)
+    try:
+        session.commit()
+    except SQLAlchemyError as exc:
+        # A busy database must not turn a valid key into a failed request; the stamp is advisory.
+        session.rollback()
+        log.warning("could not record last use of API key %s: %s", key.id, type(exc).__name__)
+
+
+# --- FastAPI guards ---------------------------------------------------------------------------
+
+
+def presented_key(request: Request) -> str | None:
+    """The key in whichever place the caller's SDK puts it (OpenAI, Anthropic, Gemini), or None."""
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and credentials.strip():
+        return credentials.strip()
+    for source in (request.headers.get("x-api-key"), request.headers.get("x-goog-api-key")):
+        if source and source.strip():
+            return source.strip()
+    query_key = request.query_params.get("key", "").strip()
+    return query_key or None
+
+
+def require_principal(
+    request: Request, engine: Annotated[Engine, Depends(get_engine)]
+) -> Principal:
+    """FastAPI dependency: the authenticated principal, or 401 saying what went wrong."""
+    try:
+        key = presented_key(request)
+        if key is None:
+            raise MissingKeyError(f"missing API key: send it as {ACCEPTED_KEY_SOURCES}")
+        with session_scope(engine) as session:
+            return authenticate(session, key)
+    except AuthError as exc:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, detail=str(exc), headers=_CHALLENGE
+        ) from None
+
+
+PrincipalDep = Annotated[Principal, Depends(require_principal)]
+
+
+def get_auth_settings() -> AuthSettings:
+    """FastAPI dependency for the admin token; tests override it."""
+    return get_settings().auth
+
+
+def require_admin(
+    request: Request, settings: Annotated[AuthSettings, Depends(get_auth_settings)]
+) -> None:
+    """FastAPI dependency: the request must carry `Authorization: Bearer <admin token>`."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            detail="admin token required: send 'Authorization: Bearer <TUNELOOP_AUTH_ADMIN_TOKEN>'",
+            headers=_CHALLENGE,
+        )
+    expected = settings.admin_token.get_secret_value().encode()
+    # Bytes, because compare_digest refuses non-ASCII str and a caller controls this one.
+    if not hmac.compare_digest(token.strip().encode(), expected):
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, detail="admin token is not valid", headers=_CHALLENGE
+        )

@@ -1,0 +1,1 @@
+"""Migration scripts, one per schema change; services add theirs here."""
