@@ -29,12 +29,12 @@ from sqlmodel import Field, Session, SQLModel, col, select
 
 from shared.db import UTCDateTime, get_engine, session_scope, utcnow
 from shared.settings import AuthSettings, get_settings
+from shared.tenancy import is_tenant_id
 
 log = logging.getLogger(__name__)
 
 KEY_PATTERN = re.compile(r"tl_([a-z0-9]{8})_([A-Za-z0-9_-]{43})")
 # Tenant ids travel in NATS subjects (tuneloop.<tenant>.…), so no dots, wildcards or spaces.
-TENANT_ID_PATTERN = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 NAME_MAX_LENGTH = 200
 ACCEPTED_KEY_SOURCES = (
     "'Authorization: Bearer <key>', 'x-api-key: <key>', 'x-goog-api-key: <key>' "
@@ -132,9 +132,9 @@ def _check_name(name: str, *, field: str) -> None:
 
 
 def create_tenant(session: Session, *, tenant_id: str, name: str) -> Tenant:
-    if not TENANT_ID_PATTERN.fullmatch(tenant_id):
+    if not is_tenant_id(tenant_id):
         raise AuthInputError(
-            f"tenant_id: {tenant_id[:80]!r} must be 1-63 lowercase letters, digits or inner hyphens"
+            f"tenant_id: {tenant_id[:80]!r} must be 1-63 lowercase letters, digits, inner - or _"
         )
     _check_name(name, field="name")
     if session.get(Tenant, tenant_id) is not None:

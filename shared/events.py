@@ -15,23 +15,19 @@ Consumers must be idempotent: delivery is at-least-once.
 
 from __future__ import annotations
 
-import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from shared.chat import Sample
+from shared.tenancy import TENANT_PATTERN, TenantId, is_tenant_id
 
 SUBJECT_ROOT = "tuneloop"
 # Tenant of platform-level facts (presence); a valid subject token no tenant slug can take.
 SYSTEM_TENANT = "_system"
-TENANT_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
-_TENANT_RE = re.compile(TENANT_PATTERN)
-
-TenantId = Annotated[str, StringConstraints(pattern=TENANT_PATTERN)]
 Metrics = dict[str, float]
 
 
@@ -113,7 +109,7 @@ class Event(BaseModel):
 
     @classmethod
     def subject_for(cls, tenant: str) -> str:
-        if tenant != SYSTEM_TENANT and not _TENANT_RE.match(tenant):
+        if tenant != SYSTEM_TENANT and not is_tenant_id(tenant):
             raise ValueError(f"tenant {tenant!r} is not a valid subject token ({TENANT_PATTERN})")
         return f"{SUBJECT_ROOT}.{tenant}.{cls.event_name}.v{cls.event_version}"
 

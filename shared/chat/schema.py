@@ -21,9 +21,9 @@ from pydantic import (
 from shared.chat.finish import FinishReason, normalize_finish_reason
 from shared.chat.identity import derive_sample_id, fingerprint
 from shared.chat.parts import PART_TYPES, ChatModel, ContentPart, TextPart
+from shared.tenancy import TenantId
 
 SCHEMA_VERSION = 1
-TENANT_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 
 Role = Literal["system", "user", "assistant", "tool"]
 Source = Literal["gateway", "upload", "otlp"]
@@ -240,8 +240,7 @@ class Sample(ChatModel):
     schema_version: int = SCHEMA_VERSION
     # Empty means "derive it": from source_ref when given, else from the content.
     id: str = ""
-    # Same slug as shared.events.TENANT_PATTERN: it must be a valid NATS subject token.
-    tenant: str = Field(pattern=TENANT_PATTERN)
+    tenant: TenantId
     source: Source
     # gateway: request id; upload: "<file id>:<line>"; otlp: "<trace id>/<span id>" (hex).
     source_ref: str | None = None
