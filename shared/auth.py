@@ -17,6 +17,7 @@ import logging
 import re
 import secrets
 import string
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Annotated
@@ -283,3 +284,29 @@ def require_admin(
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, detail="admin token is not valid", headers=_CHALLENGE
         )
+
+
+class CachedAuthenticator:
+    """`authenticate` with a short in-process memory, for the gateway's hot path.
+
+    Only successes are remembered, for `ttl_s`; a revoked key stops working within that time.
+    """
+
+    def __init__(self, engine: Engine, *, ttl_s: float = 30.0, max_entries: int = 10_000) -> None:
+        self._engine = engine
+        self._ttl_s = ttl_s
+        self._max_entries = max_entries
+        self._cache: dict[str, tuple[float, Principal]] = {}
+
+    def __call__(self, presented: str) -> Principal:
+        digest = hash_key(presented)
+        now = time.monotonic()
+        hit = self._cache.get(digest)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        with session_scope(self._engine) as session:
+            principal = authenticate(session, presented)
+        if len(self._cache) >= self._max_entries:
+            self._cache.clear()  # rare; simpler than LRU bookkeeping on every hit
+        self._cache[digest] = (now + self._ttl_s, principal)
+        return principal

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import nats.js.errors
 from faststream.middlewares import AckPolicy
-from faststream.nats import ConsumerConfig, JStream, NatsBroker, NatsRouter, PullSub
+from faststream.nats import ConsumerConfig, DeliverPolicy, JStream, NatsBroker, NatsRouter, PullSub
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from tenacity import AsyncRetrying, RetryError, stop_after_delay, wait_exponential
@@ -168,13 +168,15 @@ def subscribe(
     max_deliver: int = 10,
     ack_wait_s: float = 60.0,
     batch_size: int = 32,
+    batch: bool = False,
 ) -> Callable[[Handler], Any]:
     """Decorator: consume `event_cls` from every tenant.
 
     JetStream events use a durable pull consumer named for the service, so more instances of a
     service share the work and a restarted one carries on where the last left off. The message
     is acked after the handler returns and nacked (redelivered, up to `max_deliver`) if it
-    raises. Core-NATS events (presence) are a plain subscription.
+    raises. With `batch`, the handler receives a list of up to `batch_size` events (one
+    database transaction for many). Core-NATS events (presence) are a plain subscription.
     """
     description = (event_cls.__doc__ or "").strip()
     if event_cls.stream is None:
@@ -186,7 +188,7 @@ def subscribe(
         event_cls.subject_pattern(),
         stream=JStream(event_cls.stream.name, declare=False),
         durable=durable,
-        pull_sub=PullSub(batch_size=batch_size, timeout=5.0),
+        pull_sub=PullSub(batch_size=batch_size, timeout=5.0, batch=batch),
         config=ConsumerConfig(
             durable_name=durable,
             max_deliver=max_deliver,
@@ -196,4 +198,23 @@ def subscribe(
         ack_policy=AckPolicy.NACK_ON_ERROR,
         title=f"{service}:{event_cls.__name__}",
         description=description,
+    )
+
+
+def watch(router: NatsRouter | NatsBroker, event_cls: type[E]) -> Callable[[Handler], Any]:
+    """Decorator: every instance sees every `event_cls` event, from the start of the stream.
+
+    For state each instance keeps in memory (the gateway's routing table): an ephemeral ordered
+    consumer replays the history at start-up and then follows new events. Nothing is left
+    behind on the server when the instance goes away.
+    """
+    if event_cls.stream is None:
+        raise ValueError(f"{event_cls.__name__} is not stored in a stream; subscribe to it instead")
+    return router.subscriber(
+        event_cls.subject_pattern(),
+        stream=JStream(event_cls.stream.name, declare=False),
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.ALL,
+        title=f"watch:{event_cls.__name__}",
+        description=(event_cls.__doc__ or "").strip(),
     )

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -29,6 +29,7 @@ from shared.settings import Settings, get_settings
 from shared.telemetry import setup_telemetry
 
 log = logging.getLogger("tuneloop.service")
+Hook = Callable[[], Awaitable[None]]
 
 
 class ServiceRuntime:
@@ -49,6 +50,11 @@ class ServiceRuntime:
         )
         bus.subscribe(self.broker, ServiceHeartbeat, service=name)(self.presence.record)
         self.engine = db.make_engine(self.settings.database_url)
+        self._lifecycle: list[tuple[Hook, Hook]] = []
+
+    def on_lifecycle(self, start: Hook, stop: Hook) -> None:
+        """Run `start` once the bus is up and `stop` (in reverse order) before it goes down."""
+        self._lifecycle.append((start, stop))
 
     def include_router(self, router: NatsRouter) -> None:
         self.broker.include_router(router)
@@ -62,10 +68,16 @@ class ServiceRuntime:
         await bus.declare_streams(self.broker.connection.jetstream(), self.settings.nats)
         await self.broker.start()
         self.presence.start(self.broker)
-        log.info("%s serving on %s (NATS %s)", self.name, self.address, self.settings.nats.url)
+        started: list[Hook] = []
         try:
+            for start, stop in self._lifecycle:
+                await start()
+                started.append(stop)
+            log.info("%s serving on %s (NATS %s)", self.name, self.address, self.settings.nats.url)
             yield
         finally:
+            for stop in reversed(started):
+                await stop()
             await self.presence.stop()
             await self.broker.stop()
             self.engine.dispose()

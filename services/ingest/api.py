@@ -1,5 +1,150 @@
-"""HTTP routes of the ingest service. Its resources arrive with #3 (gateway, upload, OTLP) and #4 (datasets)."""
+"""HTTP routes of the ingest service: the provider-compatible gateway, samples, admin."""
 
-from fastapi import APIRouter
+from __future__ import annotations
 
-router = APIRouter(prefix="/v1")
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi.responses import Response
+from pydantic import BaseModel, Field
+from sqlalchemy.engine import Engine
+
+from services.ingest import samples
+from services.ingest.errors import error_response
+from services.ingest.gateway import GEMINI_ACTIONS
+from services.ingest.state import Ingest
+from shared import auth
+from shared.db import get_engine, session_scope
+
+router = APIRouter()
+
+
+def get_ingest(request: Request) -> Ingest:
+    ingest: Ingest = request.app.state.ingest
+    return ingest
+
+
+IngestDep = Annotated[Ingest, Depends(get_ingest)]
+EngineDep = Annotated[Engine, Depends(get_engine)]
+
+# --- gateway ----------------------------------------------------------------------------------
+
+
+@router.post(
+    "/v1/chat/completions",
+    tags=["gateway"],
+    summary="OpenAI Chat Completions, proxied and captured",
+)
+async def openai_chat_completions(request: Request, ingest: IngestDep) -> Response:
+    return await ingest.gateway.handle(request, api="openai", path="/v1/chat/completions")
+
+
+@router.post("/v1/messages", tags=["gateway"], summary="Anthropic Messages, proxied and captured")
+async def anthropic_messages(request: Request, ingest: IngestDep) -> Response:
+    return await ingest.gateway.handle(request, api="anthropic", path="/v1/messages")
+
+
+@router.post(
+    "/v1beta/models/{model_action}",
+    tags=["gateway"],
+    summary="Gemini generateContent / streamGenerateContent",
+)
+async def gemini_generate(model_action: str, request: Request, ingest: IngestDep) -> Response:
+    model, _, action = model_action.rpartition(":")
+    if not model or action not in GEMINI_ACTIONS:
+        return error_response(
+            "gemini",
+            404,
+            f"unknown method {model_action!r}: use <model>:generateContent or :streamGenerateContent",
+        )
+    return await ingest.gateway.handle(
+        request, api="gemini", path=f"/v1beta/models/{model_action}", model=model
+    )
+
+
+# --- samples ----------------------------------------------------------------------------------
+
+
+class SamplePage(BaseModel):
+    object: str = "list"
+    data: list[dict[str, Any]]
+    next_cursor: str | None = None
+    has_more: bool
+
+
+@router.get("/v1/samples", tags=["samples"], response_model=SamplePage)
+def list_samples(
+    principal: auth.PrincipalDep, engine: EngineDep, query: Annotated[samples.SampleQuery, Query()]
+) -> SamplePage:
+    try:
+        with session_scope(engine) as session:
+            page, cursor = samples.list_samples(session, tenant=principal.tenant_id, query=query)
+    except samples.BadCursor as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, detail=str(exc)) from None
+    return SamplePage(
+        data=[s.model_dump(mode="json", exclude_none=True) for s in page],
+        next_cursor=cursor,
+        has_more=cursor is not None,
+    )
+
+
+@router.get("/v1/samples/{sample_id}", tags=["samples"])
+def get_sample(sample_id: str, principal: auth.PrincipalDep, engine: EngineDep) -> dict[str, Any]:
+    with session_scope(engine) as session:
+        sample = samples.get_sample(session, tenant=principal.tenant_id, sample_id=sample_id)
+    if sample is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"sample {sample_id!r} not found")
+    return sample.model_dump(mode="json", exclude_none=True)
+
+
+@router.get(
+    "/v1/ingest/fidelity",
+    tags=["samples"],
+    summary="Samples made, and what was rejected or dropped, by reason",
+)
+def fidelity(principal: auth.PrincipalDep, ingest: IngestDep) -> dict[str, Any]:
+    return {"gateway": ingest.pipeline.fidelity.report(principal.tenant_id)}
+
+
+# --- admin ------------------------------------------------------------------------------------
+
+
+class TenantIn(BaseModel):
+    id: str = Field(description="slug: lowercase letters, digits, - or _")
+    name: str
+
+
+class KeyIn(BaseModel):
+    name: str
+
+
+@router.post(
+    "/v1/admin/tenants", tags=["admin"], status_code=201, dependencies=[Depends(auth.require_admin)]
+)
+def create_tenant(body: TenantIn, engine: EngineDep) -> dict[str, str]:
+    try:
+        with session_scope(engine) as session:
+            tenant = auth.create_tenant(session, tenant_id=body.id, name=body.name)
+            return {"id": tenant.id, "name": tenant.name}
+    except auth.AuthInputError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from None
+    except auth.TenantExistsError as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from None
+
+
+@router.post(
+    "/v1/admin/tenants/{tenant_id}/api_keys",
+    tags=["admin"],
+    status_code=201,
+    dependencies=[Depends(auth.require_admin)],
+)
+def issue_key(tenant_id: str, body: KeyIn, engine: EngineDep) -> dict[str, str]:
+    """The key is shown once; only its hash is stored."""
+    try:
+        with session_scope(engine) as session:
+            key, plaintext = auth.issue_api_key(session, tenant_id=tenant_id, name=body.name)
+            return {"id": key.id, "prefix": key.prefix, "tenant": tenant_id, "key": plaintext}
+    except auth.AuthInputError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from None
+    except auth.TenantNotFoundError as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=str(exc)) from None

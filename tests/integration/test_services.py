@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared import localstack
+from shared import db, localstack
 from shared.settings import Settings
 from tests.plugins.infra import RunningProcess, make_settings, settings_env
 
@@ -33,14 +33,14 @@ def peer_services(settings: Settings, name: str) -> set[str]:
 
 @pytest.fixture
 def services_settings(
-    nats_server: RunningProcess, stack_settings: Settings, tmp_path: Path
+    nats_server: RunningProcess, s3_server: RunningProcess, stack_settings: Settings, tmp_path: Path
 ) -> Settings:
-    """The session's NATS; a data dir, database and service ports of the test's own."""
-    return make_settings(
-        tmp_path,
-        nats={"port": stack_settings.nats.port, "monitor_port": stack_settings.nats.monitor_port},
-        telemetry={"heartbeat_interval_s": 0.5},
+    """The session's NATS and S3; a data dir, database and service ports of the test's own."""
+    settings = make_settings(
+        tmp_path, infra=stack_settings, telemetry={"heartbeat_interval_s": 0.5}
     )
+    db.migrate(settings.database_url)
+    return settings
 
 
 @pytest.fixture
@@ -79,14 +79,21 @@ def test_each_service_serves_metrics(services_settings: Settings, two_services: 
 
 
 @pytest.mark.slow
-def test_service_reconnects_when_nats_returns(private_nats: RunningProcess, tmp_path: Path) -> None:
+def test_service_reconnects_when_nats_returns(
+    private_nats: RunningProcess,
+    s3_server: RunningProcess,
+    stack_settings: Settings,
+    tmp_path: Path,
+) -> None:
     nats_port = private_nats.component.ports[0].number
     monitor_port = private_nats.component.ports[1].number
     settings = make_settings(
         tmp_path / "svc",
+        infra=stack_settings,
         nats={"port": nats_port, "monitor_port": monitor_port},
         telemetry={"heartbeat_interval_s": 0.5},
     )
+    db.migrate(settings.database_url)
     ingest = start_service(settings, "ingest")
     hoster = start_service(settings, "hoster")
     try:

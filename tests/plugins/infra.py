@@ -38,8 +38,14 @@ _S3_PORTS = (
 )  # fmt: skip
 
 
-def make_settings(data_dir: Path, **overrides: dict[str, object]) -> Settings:
-    """Settings for an isolated stack under data_dir, every port free."""
+def make_settings(
+    data_dir: Path, *, infra: Settings | None = None, **overrides: dict[str, object]
+) -> Settings:
+    """Settings for an isolated stack under data_dir, every port free.
+
+    With `infra`, NATS and S3 are those of `infra` (e.g. the session's servers) and only the data
+    dir, database and service ports are the test's own.
+    """
     base: dict[str, dict[str, object]] = {
         "app": {"env": "test", "data_dir": data_dir},
         "nats": {"port": free_port(), "monitor_port": free_port()},
@@ -47,6 +53,9 @@ def make_settings(data_dir: Path, **overrides: dict[str, object]) -> Settings:
         "services": {name + "_port": free_port() for name in localstack.SERVICES},
         "db": {"url": f"sqlite:///{data_dir / 'tuneloop.db'}"},
     }
+    if infra is not None:
+        base["nats"] = {"port": infra.nats.port, "monitor_port": infra.nats.monitor_port}
+        base["s3"] = {name: getattr(infra.s3, name) for name in (*_S3_PORTS, "bucket")}
     for concern, values in overrides.items():
         base.setdefault(concern, {}).update(values)
     return load_settings(**base)

@@ -1,0 +1,171 @@
+"""Capture off the hot path: captured calls become samples and events after the response is sent.
+
+`submit` never blocks and never fails the user's call: a call goes into a bounded queue, or, when
+the queue is full, straight to the spill file. Workers normalise, move media to object storage
+and publish `sample.captured` on JetStream (the event id is the sample id, so a replayed sample
+is stored once). Whatever cannot be published now (NATS or S3 away) is appended to the spill
+file and replayed when they return, so no accepted sample is lost across restarts either.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import gzip
+import logging
+import time
+import zlib
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from services.ingest.normalize import Exchange, NormalizeError
+from services.ingest.routing import Api
+from shared.events import SampleCaptured
+
+log = logging.getLogger("tuneloop.ingest.capture")
+
+Publish = Callable[[SampleCaptured], Awaitable[None]]
+
+
+@dataclass
+class CapturedCall:
+    """One proxied call, as bytes, before any parsing (parsing is the workers' job)."""
+
+    api: Api
+    tenant: str
+    request_id: str
+    request_body: bytes
+    status: int
+    response_body: bytes  # as received from upstream, still content-encoded
+    content_type: str
+    content_encoding: str
+    started_at: datetime
+    latency_ms: float
+    ttft_ms: float | None = None
+    model_from_path: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+    def to_record(self) -> dict[str, Any]:
+        record = asdict(self)
+        record["request_body"] = base64.b64encode(self.request_body).decode()
+        record["response_body"] = base64.b64encode(self.response_body).decode()
+        record["started_at"] = self.started_at.isoformat()
+        return record
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> CapturedCall:
+        return cls(
+            **{
+                **record,
+                "request_body": base64.b64decode(record["request_body"]),
+                "response_body": base64.b64decode(record["response_body"]),
+                "started_at": datetime.fromisoformat(record["started_at"]),
+            }
+        )
+
+
+def decode_body(raw: bytes, encoding: str) -> bytes:
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return raw
+    if encoding == "gzip":
+        return gzip.decompress(raw)
+    if encoding == "deflate":
+        return zlib.decompress(raw)
+    raise ValueError(f"content-encoding {encoding!r} is not supported for capture")
+
+
+def to_exchange(call: CapturedCall) -> Exchange:
+    """Parse the bytes of a call into an Exchange; NormalizeError names what is unreadable."""
+    try:
+        request = orjson.loads(call.request_body)
+    except orjson.JSONDecodeError as exc:
+        raise NormalizeError("request", f"body is not JSON ({exc})") from None
+    if not isinstance(request, dict):
+        raise NormalizeError("request", "body is not a JSON object")
+    try:
+        body = decode_body(call.response_body, call.content_encoding)
+    except (ValueError, OSError, zlib.error) as exc:
+        raise NormalizeError("response", str(exc)) from None
+    streamed = call.content_type.startswith("text/event-stream")
+    response: dict[str, Any] | None = None
+    if not streamed:
+        try:
+            parsed = orjson.loads(body) if body else None
+        except orjson.JSONDecodeError:
+            parsed = None
+        response = (
+            parsed if isinstance(parsed, dict) else {"raw": body.decode("utf-8", "replace")[:2000]}
+        )
+    return Exchange(
+        provider=call.api,
+        request=request,
+        status=call.status,
+        response=response,
+        stream=body.decode("utf-8", "replace") if streamed else None,
+        model_from_path=call.model_from_path,
+        tenant=call.tenant,
+        source="gateway",
+        source_ref=call.request_id,
+        created_at=call.started_at,
+        latency_ms=call.latency_ms,
+        time_to_first_token_ms=call.ttft_ms,
+        tags=call.tags,
+    )
+
+
+class SpillFile:
+    """An append-only JSONL file of records that could not be processed yet."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def append(self, kind: str, payload: dict[str, Any]) -> None:
+        line = orjson.dumps({"kind": kind, "payload": payload}) + b"\n"
+        # One write per record and a flush: a killed process leaves whole lines behind.
+        with self.path.open("ab") as handle:
+            handle.write(line)
+            handle.flush()
+
+    def pending(self) -> bool:
+        return (self.path.exists() and self.path.stat().st_size > 0) or any(self._claimed())
+
+    def _claimed(self) -> list[Path]:
+        return sorted(self.path.parent.glob(self.path.name + ".replaying-*"))
+
+    def claim(self) -> list[Path]:
+        """Move the current file aside (new records go to a fresh one) and return every claimed file."""
+        if self.path.exists() and self.path.stat().st_size > 0:
+            self.path.rename(self.path.with_name(f"{self.path.name}.replaying-{time.time_ns()}"))
+        return self._claimed()
+
+    @staticmethod
+    def records(claimed: Path) -> list[dict[str, Any]]:
+        records = []
+        for line in claimed.read_bytes().splitlines():
+            with contextlib.suppress(orjson.JSONDecodeError):  # a torn last line from a crash
+                records.append(orjson.loads(line))
+        return records
+
+
+@dataclass
+class Fidelity:
+    """What each source produced: samples, and what was rejected or dropped, by reason."""
+
+    samples: Counter[str] = field(default_factory=Counter)
+    rejected: Counter[tuple[str, str]] = field(default_factory=Counter)
+    dropped: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def report(self, tenant: str) -> dict[str, Any]:
+        return {
+            "samples": self.samples[tenant],
+            "rejected": {reason: n for (t, reason), n in self.rejected.items() if t == tenant},
+            "dropped": {reason: n for (t, reason), n in self.dropped.items() if t == tenant},
+        }

@@ -1,0 +1,89 @@
+"""Errors in each provider's own shape, so an official SDK raises its usual exception type.
+
+OpenAI:    {"error": {"message", "type", "param", "code"}}
+Anthropic: {"type": "error", "error": {"type", "message"}}
+Gemini:    {"error": {"code", "message", "status"}}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from services.ingest.routing import Api
+
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    502: "api_error",
+    503: "api_error",
+    504: "api_error",
+}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "api_error",
+}
+_GOOGLE_STATUS = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    404: "NOT_FOUND",
+    413: "INVALID_ARGUMENT",
+    422: "INVALID_ARGUMENT",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
+def error_body(
+    api: Api, status: int, message: str, *, code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    if api == "anthropic":
+        return {
+            "type": "error",
+            "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message},
+        }
+    if api == "gemini":
+        return {
+            "error": {
+                "code": status,
+                "message": message,
+                "status": _GOOGLE_STATUS.get(status, "UNKNOWN"),
+            }
+        }
+    return {
+        "error": {
+            "message": message,
+            "type": _OPENAI_TYPES.get(status, "api_error"),
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+def error_response(
+    api: Api, status: int, message: str, *, code: str | None = None, param: str | None = None
+) -> JSONResponse:
+    return JSONResponse(
+        error_body(api, status, message, code=code, param=param), status_code=status
+    )
+
+
+def model_not_found(api: Api, model: str) -> JSONResponse:
+    if api == "gemini":
+        message = f"models/{model} is not found for API version v1beta, or is not supported for generateContent."
+    elif api == "anthropic":
+        message = f"model: {model}"
+    else:
+        message = f"The model `{model}` does not exist or you do not have access to it."
+    return error_response(api, 404, message, code="model_not_found")

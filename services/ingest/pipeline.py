@@ -1,0 +1,143 @@
+"""The capture pipeline: a bounded queue, a few workers, and replay of the spill file."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from services.ingest.capture import CapturedCall, Fidelity, Publish, SpillFile, to_exchange
+from services.ingest.media import offload_media
+from services.ingest.normalize import NormalizeError, normalize
+from shared.chat import MediaPart, Sample
+from shared.events import SampleCaptured
+from shared.storage import ObjectStore
+
+log = logging.getLogger("tuneloop.ingest.capture")
+
+
+def _has_inline_media(sample: Sample) -> bool:
+    return any(
+        isinstance(part, MediaPart) and part.data is not None
+        for message in sample.messages
+        for part in message.content
+    )
+
+
+class CapturePipeline:
+    def __init__(
+        self,
+        *,
+        publish: Publish,
+        store: ObjectStore | None,
+        spill: SpillFile,
+        queue_size: int,
+        can_publish: Callable[[], bool],
+        workers: int = 4,
+        replay_interval_s: float = 1.0,
+    ) -> None:
+        self._publish = publish
+        self._store = store
+        self.spill = spill
+        self._queue: asyncio.Queue[CapturedCall] = asyncio.Queue(maxsize=queue_size)
+        self._can_publish = can_publish
+        self._workers = workers
+        self._replay_interval_s = replay_interval_s
+        self._tasks: list[asyncio.Task[None]] = []
+        self._known_media: set[str] = set()
+        self.fidelity = Fidelity()
+
+    def submit(self, call: CapturedCall) -> None:
+        """Hand a finished call over; never blocks, never raises into the request."""
+        try:
+            self._queue.put_nowait(call)
+        except asyncio.QueueFull:
+            self.spill.append("call", call.to_record())
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._work(), name=f"capture-{i}") for i in range(self._workers)
+        ]
+        self._tasks.append(asyncio.create_task(self._replay_forever(), name="capture-replay"))
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Finish what is queued (bounded), spill the rest, stop the workers."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._queue.join(), timeout_s)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        while not self._queue.empty():
+            self.spill.append("call", self._queue.get_nowait().to_record())
+
+    async def _work(self) -> None:
+        while True:
+            call = await self._queue.get()
+            try:
+                await self.process(call)
+            finally:
+                self._queue.task_done()
+
+    async def process(self, call: CapturedCall) -> None:
+        try:
+            normalized = normalize(to_exchange(call))
+        except NormalizeError as exc:
+            self.fidelity.rejected[(call.tenant, f"{exc.path}: {exc.reason}"[:200])] += 1
+            log.warning("call %s not captured: %s", call.request_id, exc)
+            return
+        except Exception:
+            # A bug of ours must not lose the call: keep it for a fixed version to replay.
+            log.exception(
+                "call %s could not be normalised; kept in the spill file", call.request_id
+            )
+            self.spill.append("call", call.to_record())
+            return
+        for dropped in normalized.dropped:
+            self.fidelity.dropped[(call.tenant, dropped.reason[:200])] += 1
+        for sample in normalized.samples:
+            await self.deliver(sample)
+
+    async def deliver(self, sample: Sample) -> None:
+        """Offload media, publish; on any failure keep the sample in the spill file."""
+        try:
+            if _has_inline_media(sample):
+                if self._store is None:
+                    raise RuntimeError("no object store configured for media")
+                sample = await asyncio.to_thread(
+                    offload_media, sample, self._store, self._known_media
+                )
+            await self._publish(
+                SampleCaptured(tenant=sample.tenant, event_id=sample.id, sample=sample)
+            )
+        except Exception as exc:
+            log.warning("sample %s spilled for replay: %s: %s", sample.id, type(exc).__name__, exc)
+            self.spill.append("sample", sample.model_dump(mode="json"))
+            return
+        self.fidelity.samples[sample.tenant] += 1
+
+    async def replay(self) -> int:
+        """Process every spilled record once; what fails again is spilled anew. Returns the count."""
+        count = 0
+        for claimed in self.spill.claim():
+            for record in self.spill.records(claimed):
+                if record["kind"] == "call":
+                    await self.process(CapturedCall.from_record(record["payload"]))
+                else:
+                    await self.deliver(Sample.model_validate(record["payload"]))
+                count += 1
+            claimed.unlink()
+        if count:
+            log.info("replayed %d spilled capture records", count)
+        return count
+
+    async def _replay_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._replay_interval_s)
+            if self.spill.pending() and self._can_publish():
+                try:
+                    await self.replay()
+                except Exception:
+                    log.exception("spill replay failed; will retry")

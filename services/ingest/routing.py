@@ -1,0 +1,118 @@
+"""Which upstream serves a model: the upstreams file, plus models the hoster deployed.
+
+The gateway never translates between API families: an OpenAI-shaped request goes to an upstream
+that speaks OpenAI's API (a provider, or one of our deployments, which serve the OpenAI API);
+an Anthropic-shaped request to an Anthropic upstream; and so on.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import yaml
+
+Api = Literal["openai", "anthropic", "gemini"]
+APIS: tuple[str, ...] = get_args(Api)
+
+
+class RoutingConfigError(ValueError):
+    """The upstreams file is wrong; the message names the entry and field."""
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one call goes, and the key the gateway adds for it."""
+
+    upstream: str
+    api: Api
+    base_url: str
+    api_key: str | None
+
+
+@dataclass(frozen=True)
+class Upstream:
+    name: str
+    api: Api
+    base_url: str
+    models: tuple[str, ...]
+    api_key_env: str | None = None
+
+    def matches(self, model: str) -> bool:
+        return any(fnmatch.fnmatchcase(model, pattern) for pattern in self.models)
+
+    def route(self) -> Route:
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        return Route(self.name, self.api, self.base_url.rstrip("/"), key)
+
+
+def _upstream(index: int, entry: Any) -> Upstream:
+    where = f"upstreams[{index}]"
+    if not isinstance(entry, dict):
+        raise RoutingConfigError(f"{where}: expected a mapping, got {type(entry).__name__}")
+    for required in ("name", "api", "base_url", "models"):
+        if required not in entry:
+            raise RoutingConfigError(f"{where}.{required}: missing")
+    if entry["api"] not in APIS:
+        raise RoutingConfigError(f"{where}.api: {entry['api']!r} is not one of {', '.join(APIS)}")
+    if not str(entry["base_url"]).startswith(("http://", "https://")):
+        raise RoutingConfigError(f"{where}.base_url: {entry['base_url']!r} is not an http(s) URL")
+    models = entry["models"]
+    if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
+        raise RoutingConfigError(f"{where}.models: expected a list of model names or patterns")
+    return Upstream(
+        name=str(entry["name"]),
+        api=entry["api"],
+        base_url=str(entry["base_url"]),
+        models=tuple(models),
+        api_key_env=entry.get("api_key_env"),
+    )
+
+
+def load_upstreams(path: Path) -> list[Upstream]:
+    try:
+        document = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise RoutingConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise RoutingConfigError(f"{path}: not valid YAML ({exc})") from None
+    entries = document.get("upstreams") if isinstance(document, dict) else None
+    if not isinstance(entries, list):
+        raise RoutingConfigError(f"{path}: expected a top-level 'upstreams' list")
+    return [_upstream(index, entry) for index, entry in enumerate(entries)]
+
+
+@dataclass
+class RoutingTable:
+    upstreams: list[Upstream]
+    # served model name -> (deployment id, OpenAI-compatible base URL)
+    deployments: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Deployment ids that stopped. Ready and stopped events arrive on separate consumers, so at
+    # start-up a deployment's "stopped" may be replayed before its "ready"; ids are never reused.
+    stopped: set[str] = field(default_factory=set)
+
+    def resolve(self, api: Api, model: str) -> Route | None:
+        """The route for `model` in the `api` family, or None (the caller answers 404)."""
+        if api == "openai" and model in self.deployments:
+            deployment_id, base_url = self.deployments[model]
+            return Route(f"deployment:{deployment_id}", "openai", base_url.rstrip("/"), None)
+        for upstream in self.upstreams:
+            if upstream.api == api and upstream.matches(model):
+                return upstream.route()
+        return None
+
+    def add_deployment(
+        self, *, served_model_name: str, deployment_id: str, endpoint_url: str
+    ) -> None:
+        if deployment_id not in self.stopped:
+            self.deployments[served_model_name] = (deployment_id, endpoint_url)
+
+    def remove_deployment(self, *, served_model_name: str, deployment_id: str) -> None:
+        self.stopped.add(deployment_id)
+        # Only the deployment that owns the name may take it away (a newer one may have replaced it).
+        current = self.deployments.get(served_model_name)
+        if current is not None and current[0] == deployment_id:
+            del self.deployments[served_model_name]

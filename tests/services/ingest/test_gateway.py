@@ -1,0 +1,253 @@
+"""The gateway end to end: official SDKs -> a real ingest process -> a fake upstream speaking the
+providers' recorded bytes; captured samples travel over real NATS (JetStream) to the persister,
+with images in real S3, and come back from GET /v1/samples."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from shared import db, localstack
+from shared.settings import Settings
+from tests.fakes.upstream import (
+    FakeUpstream,
+    RunningUpstream,
+    recorded,
+    upstream_key_env,
+    upstreams_yaml,
+)
+from tests.plugins.infra import RunningProcess, make_settings, settings_env
+
+ADMIN = {"Authorization": "Bearer tuneloop-dev-admin"}
+
+
+@dataclass
+class Edge:
+    url: str
+    key: str
+    other_key: str
+    upstream: FakeUpstream
+    process: RunningProcess
+
+    def samples(self, key: str | None = None, **params: Any) -> list[dict[str, Any]]:
+        response = httpx.get(
+            f"{self.url}/v1/samples",
+            params=params,
+            headers={"Authorization": f"Bearer {key or self.key}"},
+        )
+        response.raise_for_status()
+        return response.json()["data"]
+
+    def wait_for_samples(self, count: int, **params: Any) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+
+        def enough() -> bool:
+            nonlocal found
+            found = self.samples(**params)
+            return len(found) >= count
+
+        assert localstack.wait_until(enough, 20, interval_s=0.2), (
+            f"only {len(found)} samples: {found}"
+        )
+        return found
+
+
+def _tenant_key(url: str, tenant: str) -> str:
+    assert (
+        httpx.post(
+            f"{url}/v1/admin/tenants", json={"id": tenant, "name": tenant}, headers=ADMIN
+        ).status_code
+        == 201
+    )
+    response = httpx.post(
+        f"{url}/v1/admin/tenants/{tenant}/api_keys", json={"name": "tests"}, headers=ADMIN
+    )
+    assert response.status_code == 201, response.text
+    return str(response.json()["key"])
+
+
+@pytest.fixture(scope="module")
+def edge(
+    nats_server: RunningProcess,
+    s3_server: RunningProcess,
+    stack_settings: Settings,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Edge]:
+    tmp = tmp_path_factory.mktemp("edge")
+    settings = make_settings(tmp, infra=stack_settings)
+    db.migrate(settings.database_url)
+    with RunningUpstream() as upstream:
+        upstreams = tmp / "upstreams.yaml"
+        upstreams.write_text(upstreams_yaml(upstream.base_url))
+        env = (
+            settings_env(settings)
+            | upstream_key_env()
+            | {"TUNELOOP_INGEST_UPSTREAMS_FILE": str(upstreams)}
+        )
+        process = RunningProcess(
+            localstack.component(settings, "ingest"), tmp / "logs" / "ingest.log", env=env
+        )
+        process.start()
+        url = f"http://127.0.0.1:{settings.services.ingest_port}"
+        try:
+            yield Edge(url, _tenant_key(url, "acme"), _tenant_key(url, "globex"), upstream, process)
+        finally:
+            process.stop()
+
+
+def test_openai_sdk_through_the_gateway_gets_the_providers_answer_and_is_captured(
+    edge: Edge,
+) -> None:
+    client = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=edge.key, max_retries=0)
+    request = recorded("oa01_tool_calls_multiturn")["request"]["body"]
+    completion = client.chat.completions.with_raw_response.create(
+        **request, extra_headers={"x-tuneloop-tags": "support, eu"}
+    )
+    parsed = completion.parse()
+    expected = recorded("oa01_tool_calls_multiturn")["response"]["body"]
+    assert parsed.id == expected["id"]
+    assert [c.function.arguments for c in parsed.choices[0].message.tool_calls] == [
+        c["function"]["arguments"] for c in expected["choices"][0]["message"]["tool_calls"]
+    ]
+    seen = edge.upstream.received[-1]
+    assert seen.headers["authorization"] == "Bearer sk-upstream-openai-0123456789"
+    assert edge.key not in json.dumps(seen.headers)
+    assert "x-tuneloop-tags" not in seen.headers
+
+    [sample] = edge.wait_for_samples(1, tag="support", source="gateway")
+    assert sample["tags"] == ["support", "eu"]
+    assert sample["response"]["provider"] == "openai"
+    assert [call["name"] for call in sample["messages"][-1]["tool_calls"]] == [
+        "get_current_weather"
+    ] * 2
+    assert edge.key not in json.dumps(sample)
+
+
+def test_openai_streaming_passes_chunks_through_and_the_sample_is_reassembled(edge: Edge) -> None:
+    client = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=edge.key, max_retries=0)
+    request = recorded("oa03_streaming_parallel_tool_calls_sse")["request"]["body"]
+    stream = client.chat.completions.create(
+        **request, extra_headers={"x-tuneloop-tags": "streamed"}
+    )
+    chunks = list(stream)
+    arguments: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            for call in choice.delta.tool_calls or []:
+                arguments[call.index] = arguments.get(call.index, "") + (
+                    call.function.arguments or ""
+                )
+    assert len(arguments) == 2
+    assert all(json.loads(value) for value in arguments.values())
+
+    [sample] = edge.wait_for_samples(1, tag="streamed")
+    calls = sample["messages"][-1]["tool_calls"]
+    assert [json.loads(call["arguments"]) for call in calls] == [
+        json.loads(arguments[0]),
+        json.loads(arguments[1]),
+    ]
+    assert sample["response"]["usage"]["output_tokens"] > 0
+
+
+def test_anthropic_sdk_plain_gzip_and_streaming(edge: Edge) -> None:
+    client = anthropic.Anthropic(base_url=edge.url, api_key=edge.key, max_retries=0)
+    request = recorded("an03_parallel_tool_use_gzip")["request"]["body"]
+    message = client.messages.create(
+        **request, extra_headers={"x-tuneloop-tags": "anthropic-plain"}
+    )
+    assert [block.type for block in message.content] == ["text", "tool_use", "tool_use"]
+    assert edge.upstream.received[-1].headers["x-api-key"] == "sk-ant-upstream-0123456789"
+
+    streamed = recorded("an08_streaming_tool_use_input_json_delta_sse")["request"]["body"]
+    with client.messages.stream(
+        **{k: v for k, v in streamed.items() if k != "stream"},
+        extra_headers={"x-tuneloop-tags": "anthropic-stream"},
+    ) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use"
+
+    [plain] = edge.wait_for_samples(1, tag="anthropic-plain")
+    [stream_sample] = edge.wait_for_samples(1, tag="anthropic-stream")
+    assert len(plain["messages"][-1]["tool_calls"]) == 2
+    tool_inputs = [
+        json.loads(call["arguments"]) for call in stream_sample["messages"][-1]["tool_calls"]
+    ]
+    assert tool_inputs == [block.input for block in final.content if block.type == "tool_use"]
+
+
+def test_gemini_rest_with_key_in_query_and_sse(edge: Edge) -> None:
+    request = recorded("ge04_genai_inlineData_urlsafe_b64_sse")["request"]["body"]
+    url = f"{edge.url}/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse&key={edge.key}"
+    response = httpx.post(url, json=request, headers={"x-tuneloop-tags": "gemini"})
+    assert response.status_code == 200
+    assert response.text == recorded("ge04_genai_inlineData_urlsafe_b64_sse")["response"]["body"]
+    seen = edge.upstream.received[-1]
+    assert seen.path.endswith(":streamGenerateContent?alt=sse")  # our key never travels upstream
+    assert seen.headers["x-goog-api-key"] == "AIzaUpstreamGemini0123456789"
+
+    [sample] = edge.wait_for_samples(1, tag="gemini")
+    images = [
+        part
+        for message in sample["messages"]
+        for part in message["content"]
+        if part["type"] == "image"
+    ]
+    assert images
+    assert all(part["ref"].startswith("s3://") and "data" not in part for part in images)
+    assert "/tenants/acme/media/" in images[0]["ref"]
+
+
+def test_refusals_come_in_each_providers_shape(edge: Edge) -> None:
+    oa = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=edge.key, max_retries=0)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        oa.chat.completions.create(
+            model="nobody-knows", messages=[{"role": "user", "content": "hi"}]
+        )
+    with pytest.raises(openai.AuthenticationError, match="not recognised"):
+        openai.OpenAI(
+            base_url=f"{edge.url}/v1", api_key="tl_abcdefgh_" + "x" * 43, max_retries=0
+        ).chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
+    an = anthropic.Anthropic(base_url=edge.url, api_key=edge.key, max_retries=0)
+    with pytest.raises(anthropic.NotFoundError):
+        an.messages.create(
+            model="unknown-model", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+        )
+    bad = httpx.post(
+        f"{edge.url}/v1/chat/completions",
+        content=b"{not json",
+        headers={"Authorization": f"Bearer {edge.key}"},
+    )
+    assert bad.status_code == 400
+    assert "not valid JSON" in bad.json()["error"]["message"]
+    gemini = httpx.post(
+        f"{edge.url}/v1beta/models/gemini-x:explode", json={}, headers={"x-goog-api-key": edge.key}
+    )
+    assert gemini.status_code == 404
+    assert gemini.json()["error"]["status"] == "NOT_FOUND"
+
+
+def test_one_tenant_never_sees_anothers_samples(edge: Edge) -> None:
+    mine = edge.wait_for_samples(1)
+    assert edge.samples(key=edge.other_key) == []
+    response = httpx.get(
+        f"{edge.url}/v1/samples/{mine[0]['id']}",
+        headers={"Authorization": f"Bearer {edge.other_key}"},
+    )
+    assert response.status_code == 404
+
+
+def test_unknown_sample_filter_is_refused_by_name(edge: Edge) -> None:
+    response = httpx.get(
+        f"{edge.url}/v1/samples",
+        params={"colour": "red"},
+        headers={"Authorization": f"Bearer {edge.key}"},
+    )
+    assert response.status_code == 422
+    assert "colour" in response.text
