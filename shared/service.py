@@ -19,6 +19,7 @@ import uvicorn
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse
 from faststream.nats import NatsRouter
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared import bus, db
 from shared.events import ServiceHeartbeat
@@ -120,8 +121,34 @@ class ServiceRuntime:
         app.state.db_engine = self.engine
         app.include_router(self._health_router())
         app.include_router(api)
+        app.add_middleware(ServedBy, service=self.name)
         setup_telemetry(self.name, otlp_endpoint=self.settings.telemetry.otlp_endpoint, app=app)
         return app
+
+
+class ServedBy:
+    """Adds `x-tuneloop-served-by: <service>` to every response: which service answered a call
+    that the gateway forwarded is then visible to operators (and tests)."""
+
+    def __init__(self, app: ASGIApp, service: str) -> None:
+        self.app = app
+        self.header = (b"x-tuneloop-served-by", service.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def tagged(message: Message) -> None:
+            headers = message.get("headers", [])
+            # A response relayed from another service already says who served it.
+            if message["type"] == "http.response.start" and all(
+                k != self.header[0] for k, _ in headers
+            ):
+                message["headers"] = [*headers, self.header]
+            await send(message)
+
+        await self.app(scope, receive, tagged)
 
 
 def run(name: str, app: FastAPI, settings: Settings | None = None) -> None:

@@ -9,7 +9,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 
-from services.ingest import samples
+from services.ingest import forwarding, samples
 from services.ingest.errors import error_response
 from services.ingest.gateway import GEMINI_ACTIONS
 from services.ingest.state import Ingest
@@ -148,3 +148,25 @@ def issue_key(tenant_id: str, body: KeyIn, engine: EngineDep) -> dict[str, str]:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from None
     except auth.TenantNotFoundError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=str(exc)) from None
+
+
+# --- control plane of other services ----------------------------------------------------------
+
+
+def _forwarder(prefix: str, service: str) -> Any:
+    async def forward(request: Request, ingest: IngestDep) -> Response:
+        return await forwarding.relay(
+            ingest.control_client, request, ingest.services[service], service
+        )
+
+    forward.__name__ = f"forward_{prefix}"
+    forward.__doc__ = f"Relayed to the {service} service."
+    return forward
+
+
+_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+for _prefix, _service in forwarding.OWNERS.items():
+    for _path in (f"/v1/{_prefix}", f"/v1/{_prefix}/{{rest:path}}"):
+        router.add_api_route(
+            _path, _forwarder(_prefix, _service), methods=_METHODS, tags=[f"{_service} (relayed)"]
+        )

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+import httpx
 from faststream.nats import NatsBroker
 from sqlalchemy.engine import Engine
 
 from services.ingest.capture import SpillFile
 from services.ingest.config import IngestSettings
+from services.ingest.forwarding import service_urls
 from services.ingest.gateway import Gateway
 from services.ingest.pipeline import CapturePipeline
 from services.ingest.routing import RoutingTable, load_upstreams
@@ -27,6 +29,9 @@ class Ingest:
     store: ObjectStore
     pipeline: CapturePipeline
     gateway: Gateway
+    # Control-plane calls relayed to the services that own them (forwarding.py).
+    services: dict[str, str]
+    control_client: httpx.AsyncClient
 
     @classmethod
     def build(cls, *, settings: Settings, engine: Engine, broker: NatsBroker) -> Ingest:
@@ -53,7 +58,16 @@ class Ingest:
             authenticator=CachedAuthenticator(engine, ttl_s=ingest_settings.auth_cache_ttl_s),
             capture=pipeline.submit,
         )
-        return cls(ingest_settings, routes, store, pipeline, gateway)
+        control_client = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0))
+        return cls(
+            ingest_settings,
+            routes,
+            store,
+            pipeline,
+            gateway,
+            service_urls(settings),
+            control_client,
+        )
 
     async def start(self) -> None:
         await asyncio.to_thread(self.store.wait_until_ready)
@@ -63,3 +77,4 @@ class Ingest:
     async def stop(self) -> None:
         await self.pipeline.stop()
         await self.gateway.aclose()
+        await self.control_client.aclose()

@@ -35,6 +35,8 @@ class Edge:
     other_key: str
     upstream: FakeUpstream
     process: RunningProcess
+    settings: Settings
+    env: dict[str, str]
 
     def samples(self, key: str | None = None, **params: Any) -> list[dict[str, Any]]:
         response = httpx.get(
@@ -97,7 +99,15 @@ def edge(
         process.start()
         url = f"http://127.0.0.1:{settings.services.ingest_port}"
         try:
-            yield Edge(url, _tenant_key(url, "acme"), _tenant_key(url, "globex"), upstream, process)
+            yield Edge(
+                url,
+                _tenant_key(url, "acme"),
+                _tenant_key(url, "globex"),
+                upstream,
+                process,
+                settings,
+                env,
+            )
         finally:
             process.stop()
 
@@ -251,3 +261,24 @@ def test_unknown_sample_filter_is_refused_by_name(edge: Edge) -> None:
     )
     assert response.status_code == 422
     assert "colour" in response.text
+
+
+def test_control_plane_routes_are_relayed_to_the_owning_service(edge: Edge) -> None:
+    headers = {"Authorization": f"Bearer {edge.key}"}
+    away = httpx.get(f"{edge.url}/v1/fine_tuning/jobs", headers=headers)
+    assert away.status_code == 503
+    assert "scheduler" in away.json()["detail"]
+
+    scheduler = RunningProcess(
+        localstack.component(edge.settings, "scheduler"),
+        edge.settings.app.data_dir / "logs" / "scheduler.log",
+        env=edge.env,
+    )
+    scheduler.start()
+    try:
+        relayed = httpx.get(f"{edge.url}/v1/fine_tuning/jobs?limit=2", headers=headers)
+        assert relayed.headers["x-tuneloop-served-by"] == "scheduler"
+        own = httpx.get(f"{edge.url}/v1/samples", headers=headers)
+        assert own.headers["x-tuneloop-served-by"] == "ingest"
+    finally:
+        scheduler.stop()

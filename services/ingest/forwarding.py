@@ -1,0 +1,65 @@
+"""Control-plane routes of other services behind the gateway's one base URL.
+
+`/v1/fine_tuning/...` goes to the scheduler, `/v1/models` and `/v1/deployments` to the hoster,
+`/v1/evals` to the evaluator. The caller's own credentials travel with the request: the owning
+service authenticates it, so the gateway adds nothing and keeps nothing.
+"""
+
+from __future__ import annotations
+
+import httpx
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from shared.settings import Settings
+
+# First path segment after /v1 -> owning service.
+OWNERS = {
+    "fine_tuning": "scheduler",
+    "models": "hoster",
+    "deployments": "hoster",
+    "evals": "evaluator",
+}
+_HOP_BY_HOP = frozenset(
+    {
+        "host",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+    }
+)
+
+
+def service_urls(settings: Settings) -> dict[str, str]:
+    host = settings.app.bind_host
+    return {
+        name: f"http://{host}:{settings.services.port_of(name)}" for name in set(OWNERS.values())
+    }
+
+
+async def relay(
+    client: httpx.AsyncClient, request: Request, base_url: str, service: str
+) -> Response:
+    """Send the request on as it is and stream the answer back."""
+    headers = {k: v for k, v in request.headers.items() if k not in _HOP_BY_HOP}
+    url = base_url + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    outgoing = client.build_request(request.method, url, headers=headers, content=request.stream())
+    try:
+        answer = await client.send(outgoing, stream=True)
+    except httpx.HTTPError as exc:
+        return JSONResponse(
+            {"detail": f"{service} at {base_url} is not reachable ({type(exc).__name__})"},
+            status_code=503,
+        )
+    return StreamingResponse(
+        answer.aiter_raw(),
+        status_code=answer.status_code,
+        headers={k: v for k, v in answer.headers.items() if k not in _HOP_BY_HOP},
+        background=BackgroundTask(answer.aclose),
+    )
