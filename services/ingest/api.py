@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 
-from services.ingest import forwarding, samples
+from services.ingest import forwarding, samples, traces
 from services.ingest.errors import error_response
 from services.ingest.gateway import GEMINI_ACTIONS
+from services.ingest.otlp import OtlpDecodeError, OtlpTooLargeError, OtlpUnsupportedError
 from services.ingest.state import Ingest
 from shared import auth
 from shared.db import get_engine, session_scope
@@ -62,6 +63,39 @@ async def gemini_generate(model_action: str, request: Request, ingest: IngestDep
     )
 
 
+# --- OTLP traces ------------------------------------------------------------------------------
+
+
+@router.post("/v1/traces", tags=["otlp"], summary="OTLP/HTTP trace export (protobuf or JSON, gzip)")
+async def otlp_traces(request: Request, ingest: IngestDep) -> Response:
+    try:
+        tenant = ingest.gateway.authenticate(request).tenant_id
+    except auth.AuthError as exc:
+        return JSONResponse({"code": 16, "message": str(exc)}, status_code=401)
+    body = await request.body()
+    if len(body) > ingest.settings.max_body_bytes:
+        return JSONResponse(
+            {"code": 3, "message": f"body over {ingest.settings.max_body_bytes} bytes"},
+            status_code=413,
+        )
+    try:
+        outcome = await traces.export_traces(
+            ingest.pipeline,
+            body=body,
+            content_type=request.headers.get("content-type", ""),
+            content_encoding=request.headers.get("content-encoding"),
+            tenant=tenant,
+        )
+    except OtlpUnsupportedError as exc:
+        return JSONResponse({"code": 3, "message": str(exc)}, status_code=415)
+    except OtlpTooLargeError as exc:
+        return JSONResponse({"code": 3, "message": str(exc)}, status_code=413)
+    except OtlpDecodeError as exc:
+        # OTLP/HTTP: a bad request gets 400 with a google.rpc.Status body and must not be retried.
+        return JSONResponse({"code": 3, "message": str(exc)}, status_code=400)
+    return Response(outcome.body, media_type=outcome.media_type)
+
+
 # --- samples ----------------------------------------------------------------------------------
 
 
@@ -103,7 +137,7 @@ def get_sample(sample_id: str, principal: auth.PrincipalDep, engine: EngineDep) 
     summary="Samples made, and what was rejected or dropped, by reason",
 )
 def fidelity(principal: auth.PrincipalDep, ingest: IngestDep) -> dict[str, Any]:
-    return {"gateway": ingest.pipeline.fidelity.report(principal.tenant_id)}
+    return ingest.pipeline.fidelity.report(principal.tenant_id)
 
 
 # --- admin ------------------------------------------------------------------------------------

@@ -157,15 +157,33 @@ class SpillFile:
 
 @dataclass
 class Fidelity:
-    """What each source produced: samples, and what was rejected or dropped, by reason."""
+    """What each source made of its input: samples, and what was rejected or dropped, by reason.
 
-    samples: Counter[str] = field(default_factory=Counter)
-    rejected: Counter[tuple[str, str]] = field(default_factory=Counter)
-    dropped: Counter[tuple[str, str]] = field(default_factory=Counter)
+    Counted per process since start; `report` gives one tenant's view per source.
+    """
+
+    samples: Counter[tuple[str, str]] = field(default_factory=Counter)
+    rejected: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    dropped: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+
+    def count_rejected(self, tenant: str, source: str, reason: str) -> None:
+        self.rejected[(tenant, source, reason[:200])] += 1
+
+    def count_dropped(self, tenant: str, source: str, reason: str) -> None:
+        self.dropped[(tenant, source, reason[:200])] += 1
 
     def report(self, tenant: str) -> dict[str, Any]:
+        sources = {source for (t, source) in self.samples if t == tenant}
+        sources |= {source for (t, source, _) in (*self.rejected, *self.dropped) if t == tenant}
         return {
-            "samples": self.samples[tenant],
-            "rejected": {reason: n for (t, reason), n in self.rejected.items() if t == tenant},
-            "dropped": {reason: n for (t, reason), n in self.dropped.items() if t == tenant},
+            source: {
+                "samples": self.samples[(tenant, source)],
+                "rejected": {
+                    r: n for (t, s, r), n in self.rejected.items() if (t, s) == (tenant, source)
+                },
+                "dropped": {
+                    r: n for (t, s, r), n in self.dropped.items() if (t, s) == (tenant, source)
+                },
+            }
+            for source in sorted(sources)
         }

@@ -21,7 +21,14 @@ from services.ingest.config import IngestSettings
 from services.ingest.errors import error_response, model_not_found
 from services.ingest.proxy import forward
 from services.ingest.routing import Api, RoutingTable
-from shared.auth import ACCEPTED_KEY_SOURCES, AuthError, CachedAuthenticator, presented_key
+from shared.auth import (
+    ACCEPTED_KEY_SOURCES,
+    AuthError,
+    CachedAuthenticator,
+    MissingKeyError,
+    Principal,
+    presented_key,
+)
 
 log = logging.getLogger("tuneloop.ingest.gateway")
 
@@ -52,6 +59,13 @@ class Gateway:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+    def authenticate(self, request: Request) -> Principal:
+        """The caller's principal (cached); raises AuthError saying what is wrong."""
+        key = presented_key(request)
+        if key is None:
+            raise MissingKeyError(f"missing tuneloop API key: send it as {ACCEPTED_KEY_SOURCES}")
+        return self._authenticate(key)
 
     def _tenant(self, request: Request, api: Api) -> str | Response:
         key = presented_key(request)

@@ -85,7 +85,7 @@ class CapturePipeline:
         try:
             normalized = normalize(to_exchange(call))
         except NormalizeError as exc:
-            self.fidelity.rejected[(call.tenant, f"{exc.path}: {exc.reason}"[:200])] += 1
+            self.fidelity.count_rejected(call.tenant, "gateway", f"{exc.path}: {exc.reason}")
             log.warning("call %s not captured: %s", call.request_id, exc)
             return
         except Exception:
@@ -96,7 +96,7 @@ class CapturePipeline:
             self.spill.append("call", call.to_record())
             return
         for dropped in normalized.dropped:
-            self.fidelity.dropped[(call.tenant, dropped.reason[:200])] += 1
+            self.fidelity.count_dropped(call.tenant, "gateway", dropped.reason)
         for sample in normalized.samples:
             await self.deliver(sample)
 
@@ -116,7 +116,12 @@ class CapturePipeline:
             log.warning("sample %s spilled for replay: %s: %s", sample.id, type(exc).__name__, exc)
             self.spill.append("sample", sample.model_dump(mode="json"))
             return
-        self.fidelity.samples[sample.tenant] += 1
+        self.fidelity.samples[(sample.tenant, sample.source)] += 1
+
+    async def deliver_many(self, samples: list[Sample], *, concurrency: int = 64) -> None:
+        """Deliver a batch (an upload chunk, an OTLP request) with publishes in flight together."""
+        for start in range(0, len(samples), concurrency):
+            await asyncio.gather(*(self.deliver(s) for s in samples[start : start + concurrency]))
 
     async def replay(self) -> int:
         """Process every spilled record once; what fails again is spilled anew. Returns the count."""

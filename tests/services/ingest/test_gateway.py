@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -282,3 +283,84 @@ def test_control_plane_routes_are_relayed_to_the_owning_service(edge: Edge) -> N
         assert own.headers["x-tuneloop-served-by"] == "ingest"
     finally:
         scheduler.stop()
+
+
+def test_an_opentelemetry_sdk_exporter_pointed_at_the_gateway_just_works(edge: Edge) -> None:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    exporter = OTLPSpanExporter(
+        endpoint=f"{edge.url}/v1/traces", headers={"Authorization": f"Bearer {edge.key}"}
+    )
+    provider = TracerProvider(resource=Resource.create({"service.name": "weather-agent"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("agent")
+    user = [{"role": "user", "parts": [{"type": "text", "content": "Weather in Paris?"}]}]
+    call = {
+        "type": "tool_call",
+        "id": "call_1",
+        "name": "get_weather",
+        "arguments": {"city": "Paris"},
+    }
+    with tracer.start_as_current_span("invoke_agent weather-agent"):
+        with tracer.start_as_current_span("chat gpt-4o-mini") as span:
+            span.set_attributes(
+                {
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.provider.name": "openai",
+                    "gen_ai.request.model": "gpt-4o-mini",
+                    "gen_ai.input.messages": json.dumps(user),
+                    "gen_ai.output.messages": json.dumps(
+                        [{"role": "assistant", "parts": [call], "finish_reason": "tool_call"}]
+                    ),
+                    "gen_ai.usage.input_tokens": 12,
+                    "gen_ai.usage.output_tokens": 7,
+                }
+            )
+        with tracer.start_as_current_span("execute_tool get_weather") as span:
+            span.set_attributes(
+                {
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": "get_weather",
+                    "gen_ai.tool.call.id": "call_1",
+                    "gen_ai.tool.call.arguments": json.dumps({"city": "Paris"}),
+                    "gen_ai.tool.call.result": json.dumps({"temp_c": 18}),
+                }
+            )
+    provider.shutdown()
+
+    [sample] = edge.wait_for_samples(1, source="otlp")
+    roles = [message["role"] for message in sample["messages"]]
+    assert roles[:2] == ["user", "assistant"]
+    assert sample["messages"][1]["tool_calls"][0]["name"] == "get_weather"
+    assert "tool" in roles
+    assert sample["response"]["usage"]["input_tokens"] == 12
+
+
+def test_otlp_fixtures_and_bad_bodies_get_otlp_answers(edge: Edge) -> None:
+    exports = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "otlp" / "exports"
+    headers = {"Authorization": f"Bearer {edge.key}"}
+    plain = httpx.post(
+        f"{edge.url}/v1/traces",
+        content=(exports / "ot02_otlp_proto_example_trace.protobuf-bin").read_bytes(),
+        headers=headers | {"content-type": "application/x-protobuf"},
+    )
+    assert plain.status_code == 200
+    assert plain.headers["content-type"] == "application/x-protobuf"
+    garbage = httpx.post(
+        f"{edge.url}/v1/traces",
+        content=b"\x0a\xff\xff",
+        headers=headers | {"content-type": "application/x-protobuf"},
+    )
+    assert garbage.status_code == 400
+    assert garbage.json()["message"]
+    wrong_type = httpx.post(
+        f"{edge.url}/v1/traces", content=b"{}", headers=headers | {"content-type": "text/plain"}
+    )
+    assert wrong_type.status_code == 415
+    nobody = httpx.post(
+        f"{edge.url}/v1/traces", content=b"{}", headers={"content-type": "application/json"}
+    )
+    assert nobody.status_code == 401
