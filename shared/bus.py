@@ -145,14 +145,17 @@ async def declare_streams(js: JetStreamContext, settings: NatsSettings) -> None:
             await js.update_stream(config)
 
 
-async def publish(broker: NatsBroker, event: Event) -> None:
-    """Publish an event on its own subject; JetStream events wait for the stream's ack."""
+async def publish(broker: NatsBroker, event: Event, *, timeout_s: float = 5.0) -> None:
+    """Publish an event on its own subject; JetStream events wait (up to `timeout_s`) for the
+    stream's ack and raise when it does not come, so the caller can keep the event elsewhere."""
     headers = {"tuneloop-event": type(event).__name__, "tuneloop-schema": str(event.schema_version)}
     if event.stream is None:
         await broker.publish(event, subject=event.subject, headers=headers)
         return
     headers["Nats-Msg-Id"] = event.event_id
-    await broker.publish(event, subject=event.subject, headers=headers, stream=event.stream.name)
+    await broker.publish(
+        event, subject=event.subject, headers=headers, stream=event.stream.name, timeout=timeout_s
+    )
 
 
 def durable_name(service: str, event_cls: type[Event]) -> str:

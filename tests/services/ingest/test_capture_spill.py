@@ -1,0 +1,100 @@
+"""Capture never costs the caller: with NATS gone, calls still succeed and their samples go to the
+spill file; after NATS returns (and even after the gateway was SIGKILLed meanwhile) they are
+replayed and every one is stored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from shared import db, localstack
+from shared.settings import Settings
+from tests.fakes.upstream import RunningUpstream, recorded, upstream_key_env, upstreams_yaml
+from tests.plugins.infra import RunningProcess, make_settings, settings_env
+from tests.services.ingest.test_gateway import ADMIN
+
+CALLS_WHILE_AWAY = 5
+
+
+def _spilled(settings: Settings) -> int:
+    spill_dir = settings.app.data_dir / "ingest"
+    return sum(len(p.read_bytes().splitlines()) for p in spill_dir.glob("capture-spill.jsonl*"))
+
+
+@pytest.mark.slow
+def test_calls_succeed_while_nats_is_away_and_no_sample_is_lost(
+    private_nats: RunningProcess,
+    s3_server: RunningProcess,
+    stack_settings: Settings,
+    tmp_path: Path,
+) -> None:
+    settings = make_settings(
+        tmp_path / "svc",
+        infra=stack_settings,
+        nats={
+            "port": private_nats.component.ports[0].number,
+            "monitor_port": private_nats.component.ports[1].number,
+        },
+    )
+    db.migrate(settings.database_url)
+    with RunningUpstream() as upstream:
+        upstreams = tmp_path / "upstreams.yaml"
+        upstreams.write_text(upstreams_yaml(upstream.base_url))
+        env = (
+            settings_env(settings)
+            | upstream_key_env()
+            | {"TUNELOOP_INGEST_UPSTREAMS_FILE": str(upstreams)}
+        )
+        component = localstack.component(settings, "ingest")
+        gateway = RunningProcess(component, tmp_path / "ingest.log", env=env)
+        gateway.start()
+        url = f"http://127.0.0.1:{settings.services.ingest_port}"
+        assert (
+            httpx.post(
+                f"{url}/v1/admin/tenants", json={"id": "acme", "name": "Acme"}, headers=ADMIN
+            ).status_code
+            == 201
+        )
+        key = httpx.post(
+            f"{url}/v1/admin/tenants/acme/api_keys", json={"name": "t"}, headers=ADMIN
+        ).json()["key"]
+        auth = {"Authorization": f"Bearer {key}"}
+        body = recorded("oa01_tool_calls_multiturn")["request"]["body"]
+
+        def stored() -> int:
+            return len(
+                httpx.get(f"{url}/v1/samples", params={"limit": 100}, headers=auth).json()["data"]
+            )
+
+        try:
+            assert (
+                httpx.post(f"{url}/v1/chat/completions", json=body, headers=auth).status_code == 200
+            )
+            assert localstack.wait_until(lambda: stored() == 1, 20)
+
+            private_nats.kill()
+            for _ in range(CALLS_WHILE_AWAY):
+                answer = httpx.post(
+                    f"{url}/v1/chat/completions", json=body, headers=auth, timeout=10
+                )
+                assert answer.status_code == 200
+                assert (
+                    answer.json()["id"]
+                    == recorded("oa01_tool_calls_multiturn")["response"]["body"]["id"]
+                )
+            assert localstack.wait_until(lambda: _spilled(settings) >= CALLS_WHILE_AWAY, 30), (
+                gateway.log()[-3000:]
+            )
+
+            gateway.kill()  # the spill file must outlive the process
+            private_nats.start()
+            gateway = RunningProcess(component, tmp_path / "ingest.log", env=env)
+            gateway.start()
+            assert localstack.wait_until(lambda: stored() == 1 + CALLS_WHILE_AWAY, 30), (
+                gateway.log()[-3000:]
+            )
+            assert localstack.wait_until(lambda: _spilled(settings) == 0, 10)
+        finally:
+            gateway.stop()
