@@ -56,7 +56,7 @@ class Edge:
             found = self.samples(**params)
             return len(found) >= count
 
-        assert localstack.wait_until(enough, 20, interval_s=0.2), (
+        assert localstack.wait_until(enough, 40, interval_s=0.2), (
             f"only {len(found)} samples: {found}"
         )
         return found
