@@ -13,7 +13,7 @@ from shared import db, localstack
 from shared.settings import Settings
 from tests.fakes.upstream import RunningUpstream, recorded, upstream_key_env, upstreams_yaml
 from tests.plugins.infra import RunningProcess, make_settings, settings_env
-from tests.services.ingest.test_gateway import ADMIN
+from tests.services.ingest.conftest import ADMIN
 
 CALLS_WHILE_AWAY = 5
 

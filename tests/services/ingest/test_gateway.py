@@ -5,112 +5,17 @@ with images in real S3, and come back from GET /v1/samples."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import anthropic
 import httpx
 import openai
 import pytest
 
-from shared import db, localstack
-from shared.settings import Settings
-from tests.fakes.upstream import (
-    FakeUpstream,
-    RunningUpstream,
-    recorded,
-    upstream_key_env,
-    upstreams_yaml,
-)
-from tests.plugins.infra import RunningProcess, make_settings, settings_env
-
-ADMIN = {"Authorization": "Bearer tuneloop-dev-admin"}
-
-
-@dataclass
-class Edge:
-    url: str
-    key: str
-    other_key: str
-    upstream: FakeUpstream
-    process: RunningProcess
-    settings: Settings
-    env: dict[str, str]
-
-    def samples(self, key: str | None = None, **params: Any) -> list[dict[str, Any]]:
-        response = httpx.get(
-            f"{self.url}/v1/samples",
-            params=params,
-            headers={"Authorization": f"Bearer {key or self.key}"},
-        )
-        response.raise_for_status()
-        return response.json()["data"]
-
-    def wait_for_samples(self, count: int, **params: Any) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = []
-
-        def enough() -> bool:
-            nonlocal found
-            found = self.samples(**params)
-            return len(found) >= count
-
-        assert localstack.wait_until(enough, 40, interval_s=0.2), (
-            f"only {len(found)} samples: {found}"
-        )
-        return found
-
-
-def _tenant_key(url: str, tenant: str) -> str:
-    assert (
-        httpx.post(
-            f"{url}/v1/admin/tenants", json={"id": tenant, "name": tenant}, headers=ADMIN
-        ).status_code
-        == 201
-    )
-    response = httpx.post(
-        f"{url}/v1/admin/tenants/{tenant}/api_keys", json={"name": "tests"}, headers=ADMIN
-    )
-    assert response.status_code == 201, response.text
-    return str(response.json()["key"])
-
-
-@pytest.fixture(scope="module")
-def edge(
-    nats_server: RunningProcess,
-    s3_server: RunningProcess,
-    stack_settings: Settings,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Edge]:
-    tmp = tmp_path_factory.mktemp("edge")
-    settings = make_settings(tmp, infra=stack_settings)
-    db.migrate(settings.database_url)
-    with RunningUpstream() as upstream:
-        upstreams = tmp / "upstreams.yaml"
-        upstreams.write_text(upstreams_yaml(upstream.base_url))
-        env = (
-            settings_env(settings)
-            | upstream_key_env()
-            | {"TUNELOOP_INGEST_UPSTREAMS_FILE": str(upstreams)}
-        )
-        process = RunningProcess(
-            localstack.component(settings, "ingest"), tmp / "logs" / "ingest.log", env=env
-        )
-        process.start()
-        url = f"http://127.0.0.1:{settings.services.ingest_port}"
-        try:
-            yield Edge(
-                url,
-                _tenant_key(url, "acme"),
-                _tenant_key(url, "globex"),
-                upstream,
-                process,
-                settings,
-                env,
-            )
-        finally:
-            process.stop()
+from shared import localstack
+from tests.fakes.upstream import recorded
+from tests.plugins.infra import RunningProcess
+from tests.services.ingest.conftest import Edge
 
 
 def test_openai_sdk_through_the_gateway_gets_the_providers_answer_and_is_captured(
