@@ -40,6 +40,15 @@ def recorded(name: str, index: int = 0) -> dict[str, Any]:
     return pairs[index]
 
 
+async def _json(request: Request) -> dict[str, Any] | None:
+    """The body as the provider would read it; None (-> 400, as the providers answer) if unreadable."""
+    try:
+        body = await request.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
 @dataclass
 class Received:
     path: str
@@ -86,7 +95,12 @@ class FakeUpstream:
         return None
 
     async def openai(self, request: Request) -> Response:
-        body = await request.json()
+        body = await _json(request)
+        if body is None:
+            return JSONResponse(
+                {"error": {"message": "fake upstream: body is not a JSON object", "code": 400}},
+                status_code=400,
+            )
         self.received.append(Received(request.url.path, dict(request.headers), body))
         if (refused := await self._check_key(request, "openai")) is not None:
             return refused
@@ -100,7 +114,12 @@ class FakeUpstream:
         )
 
     async def anthropic(self, request: Request) -> Response:
-        body = await request.json()
+        body = await _json(request)
+        if body is None:
+            return JSONResponse(
+                {"error": {"message": "fake upstream: body is not a JSON object", "code": 400}},
+                status_code=400,
+            )
         self.received.append(Received(request.url.path, dict(request.headers), body))
         if (refused := await self._check_key(request, "anthropic")) is not None:
             return refused
@@ -114,7 +133,12 @@ class FakeUpstream:
         )
 
     async def gemini(self, request: Request) -> Response:
-        body = await request.json()
+        body = await _json(request)
+        if body is None:
+            return JSONResponse(
+                {"error": {"message": "fake upstream: body is not a JSON object", "code": 400}},
+                status_code=400,
+            )
         self.received.append(
             Received(
                 request.url.path + ("?" + request.url.query if request.url.query else ""),

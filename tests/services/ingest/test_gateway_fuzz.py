@@ -1,0 +1,73 @@
+"""Hypothesis-made bad bodies at every ingest entry point: a 4xx that says what is wrong, never a 5xx."""
+
+from __future__ import annotations
+
+import httpx
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.services.ingest.conftest import Edge
+
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20)
+)
+_json = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=16,
+)
+_chatty = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(
+            ["gpt-4o-mini", "claude-3-5-sonnet", "gemini-2.5-flash", "nope", ""]
+        )
+        | _scalars
+    },
+    optional={
+        "messages": _json,
+        "contents": _json,
+        "stream": _json,
+        "tools": _json,
+        "max_tokens": _json,
+    },
+)
+_bodies = st.one_of(st.binary(max_size=200), _json.map(orjson.dumps), _chatty.map(orjson.dumps))
+_routes = st.sampled_from(
+    [
+        ("/v1/chat/completions", "application/json"),
+        ("/v1/messages", "application/json"),
+        ("/v1beta/models/gemini-2.5-flash:generateContent", "application/json"),
+        ("/v1/traces", "application/json"),
+        ("/v1/traces", "application/x-protobuf"),
+    ]
+)
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(route=_routes, body=_bodies)
+def test_bad_bodies_get_a_clear_4xx_never_a_5xx(
+    edge: Edge, route: tuple[str, str], body: bytes
+) -> None:
+    path, content_type = route
+    answer = httpx.post(
+        f"{edge.url}{path}",
+        content=body,
+        headers={"Authorization": f"Bearer {edge.key}", "content-type": content_type},
+        timeout=10,
+    )
+    assert answer.status_code < 500, (answer.status_code, answer.text[:300])
+    if answer.status_code >= 400:
+        error = answer.json()
+        message = (
+            error.get("message") or error.get("error", {}).get("message") or error.get("detail")
+        )
+        assert message, answer.text
