@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi import (
+    APIRouter,
+    Depends,
+    File,
+    Form,
+    HTTPException,
+    Query,
+    Request,
+    UploadFile,
+    status,
+)
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
+from sqlmodel import col, select
 
-from services.ingest import forwarding, samples, traces
+from services.ingest import forwarding, samples, traces, uploads
 from services.ingest.errors import error_response
+from services.ingest.formats import UnknownFormat, check_format
 from services.ingest.gateway import GEMINI_ACTIONS
+from services.ingest.models import UploadedFile
 from services.ingest.otlp import OtlpDecodeError, OtlpTooLargeError, OtlpUnsupportedError
 from services.ingest.state import Ingest
 from shared import auth
@@ -94,6 +109,110 @@ async def otlp_traces(request: Request, ingest: IngestDep) -> Response:
         # OTLP/HTTP: a bad request gets 400 with a google.rpc.Status body and must not be retried.
         return JSONResponse({"code": 3, "message": str(exc)}, status_code=400)
     return Response(outcome.body, media_type=outcome.media_type)
+
+
+# --- uploads ----------------------------------------------------------------------------------
+
+
+def _principal(request: Request, ingest: Ingest) -> auth.Principal:
+    try:
+        return ingest.gateway.authenticate(request)
+    except auth.AuthError as exc:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail=str(exc)) from None
+
+
+@router.post(
+    "/v1/files", tags=["uploads"], status_code=200, summary="Upload a JSONL file (OpenAI files API)"
+)
+async def upload_file(
+    request: Request,
+    ingest: IngestDep,
+    file: Annotated[UploadFile, File(description="JSONL, one sample per line")],
+    purpose: Annotated[str, Form()],
+    format: Annotated[str, Form(description="auto, or one of the upload formats")] = "auto",
+) -> dict[str, Any]:
+    principal = _principal(request, ingest)
+    if purpose not in uploads.PURPOSES:
+        raise HTTPException(
+            400, detail=f"purpose: {purpose!r} is not one of {', '.join(uploads.PURPOSES)}"
+        )
+    try:
+        check_format(format)
+    except UnknownFormat as exc:
+        raise HTTPException(400, detail=f"format: {exc}") from None
+    file_id = uploads.new_file_id()
+    size = await asyncio.to_thread(
+        uploads.store_upload,
+        ingest.store,
+        file.file,
+        tenant=principal.tenant_id,
+        file_id=file_id,
+        spool_dir=ingest.spool_dir,
+    )
+    row = UploadedFile(
+        id=file_id,
+        tenant=principal.tenant_id,
+        filename=file.filename or "upload.jsonl",
+        purpose=purpose,
+        bytes=size,
+        format=format,
+    )
+    with session_scope(ingest.engine) as session:
+        session.add(row)
+        session.commit()
+        session.refresh(row)
+    ingest.process_in_background(row)
+    return uploads.file_object(row)
+
+
+def _file_row(engine: Engine, tenant: str, file_id: str) -> UploadedFile:
+    with session_scope(engine) as session:
+        row = session.get(UploadedFile, file_id)
+    if row is None or row.tenant != tenant:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"file {file_id!r} not found")
+    return row
+
+
+@router.get("/v1/files/{file_id}", tags=["uploads"])
+def get_file(file_id: str, principal: auth.PrincipalDep, engine: EngineDep) -> dict[str, Any]:
+    return uploads.file_object(_file_row(engine, principal.tenant_id, file_id))
+
+
+@router.get("/v1/files", tags=["uploads"])
+def list_files(principal: auth.PrincipalDep, engine: EngineDep) -> dict[str, Any]:
+    with session_scope(engine) as session:
+        rows = session.exec(
+            select(UploadedFile)
+            .where(UploadedFile.tenant == principal.tenant_id)
+            .order_by(col(UploadedFile.created_at).desc())
+        ).all()
+    return {"object": "list", "data": [uploads.file_object(row) for row in rows]}
+
+
+@router.post(
+    "/v1/samples/import", tags=["uploads"], summary="Import JSONL samples from the request body"
+)
+async def import_samples(
+    request: Request,
+    ingest: IngestDep,
+    format: str = "auto",
+    import_id: Annotated[str | None, Query(max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")] = None,
+) -> dict[str, Any]:
+    """The body is read as it arrives. Re-sending with the same `import_id` stores nothing twice."""
+    principal = _principal(request, ingest)
+    try:
+        check_format(format)
+    except UnknownFormat as exc:
+        raise HTTPException(400, detail=f"format: {exc}") from None
+    file_id = import_id or f"import-{uuid.uuid4().hex[:24]}"
+    report = await uploads.import_lines(
+        ingest.pipeline,
+        request.stream(),
+        tenant=principal.tenant_id,
+        file_id=file_id,
+        format=format,
+    )
+    return {"import_id": file_id, **report.to_dict()}
 
 
 # --- samples ----------------------------------------------------------------------------------

@@ -17,6 +17,12 @@ from shared.storage import ObjectStore
 log = logging.getLogger("tuneloop.ingest.capture")
 
 
+def _event_id(sample: Sample) -> str:
+    # Deterministic, so a replayed publish is dropped by the stream's duplicate window; the
+    # length is part of it, so a conversation that grew (OTLP in several exports) still goes out.
+    return f"{sample.id}-{len(sample.messages)}"
+
+
 def _has_inline_media(sample: Sample) -> bool:
     return any(
         isinstance(part, MediaPart) and part.data is not None
@@ -110,7 +116,7 @@ class CapturePipeline:
                     offload_media, sample, self._store, self._known_media
                 )
             await self._publish(
-                SampleCaptured(tenant=sample.tenant, event_id=sample.id, sample=sample)
+                SampleCaptured(tenant=sample.tenant, event_id=_event_id(sample), sample=sample)
             )
         except Exception as exc:
             log.warning("sample %s spilled for replay: %s: %s", sample.id, type(exc).__name__, exc)

@@ -32,6 +32,10 @@ class SampleQuery(BaseModel):
     cursor: str | None = None
 
 
+# What a grown sample replaces; id, tenant and source stay as first stored.
+_REPLACED = ("body", "message_count", "status", "finish_reason", "model", "provider", "created_at")
+
+
 class BadCursor(ValueError):
     pass
 
@@ -53,30 +57,38 @@ def _row(sample: Sample) -> dict[str, Any]:
         "status": response.status if response else "ok",
         "finish_reason": response.finish_reason if response else None,
         "created_at": sample.created_at,
+        "message_count": len(sample.messages),
         "body": sample.to_json_bytes(),
     }
 
 
 def insert_samples(session: Session, samples: Sequence[Sample]) -> int:
-    """Store samples; a sample id seen before changes nothing. Returns how many were new."""
+    """Store samples idempotently: an id seen before changes nothing, unless the sample now has
+    more messages (a conversation that grew), which replaces it. Returns rows written."""
     if not samples:
         return 0
-    unique = {sample.id: sample for sample in samples}
-    statement = _insert(session, SampleRow).values([_row(s) for s in unique.values()])
-    result = session.execute(
-        statement.on_conflict_do_nothing(index_elements=["id"]).returning(SampleRow.id)
-    )
-    new_ids = {row[0] for row in result}
+    latest: dict[str, Sample] = {}
+    for sample in samples:
+        kept = latest.get(sample.id)
+        if kept is None or len(sample.messages) > len(kept.messages):
+            latest[sample.id] = sample
+    insert = _insert(session, SampleRow).values([_row(s) for s in latest.values()])
+    grows = insert.excluded.message_count > SampleRow.message_count
+    statement = insert.on_conflict_do_update(
+        index_elements=["id"],
+        set_={name: insert.excluded[name] for name in _REPLACED},
+        where=grows,
+    ).returning(SampleRow.id)
+    written = {row[0] for row in session.execute(statement)}
     tags = [
         {"sample_id": s.id, "tag": tag, "tenant": s.tenant}
-        for s in unique.values()
-        if s.id in new_ids
+        for s in latest.values()
         for tag in set(s.tags)
     ]
     if tags:
         session.execute(_insert(session, SampleTag).values(tags).on_conflict_do_nothing())
     session.commit()
-    return len(new_ids)
+    return len(written)
 
 
 def encode_cursor(row: SampleRow) -> str:

@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 from faststream.nats import NatsBroker
 from sqlalchemy.engine import Engine
 
+from services.ingest import uploads
 from services.ingest.capture import SpillFile
 from services.ingest.config import IngestSettings
 from services.ingest.forwarding import service_urls
 from services.ingest.gateway import Gateway
+from services.ingest.models import UploadedFile
 from services.ingest.pipeline import CapturePipeline
 from services.ingest.routing import RoutingTable, load_upstreams
 from shared import bus
 from shared.auth import CachedAuthenticator
+from shared.db import session_scope
 from shared.events import SampleCaptured
 from shared.settings import Settings
 from shared.storage import ObjectStore
@@ -32,6 +36,9 @@ class Ingest:
     # Control-plane calls relayed to the services that own them (forwarding.py).
     services: dict[str, str]
     control_client: httpx.AsyncClient
+    engine: Engine
+    spool_dir: Path
+    _file_tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     @classmethod
     def build(cls, *, settings: Settings, engine: Engine, broker: NatsBroker) -> Ingest:
@@ -59,6 +66,7 @@ class Ingest:
             capture=pipeline.submit,
         )
         control_client = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0))
+        spool_dir = settings.app.data_dir.resolve() / "ingest" / "uploads"
         return cls(
             ingest_settings,
             routes,
@@ -67,14 +75,40 @@ class Ingest:
             gateway,
             service_urls(settings),
             control_client,
+            engine,
+            spool_dir,
         )
+
+    def process_in_background(self, row: UploadedFile) -> None:
+        task = asyncio.create_task(
+            uploads.process_file(
+                engine=self.engine,
+                store=self.store,
+                pipeline=self.pipeline,
+                row=row,
+                spool_dir=self.spool_dir,
+            ),
+            name=f"upload-{row.id}",
+        )
+        self._file_tasks.add(task)
+        task.add_done_callback(self._file_tasks.discard)
+
+    def _unfinished_files(self) -> list[UploadedFile]:
+        with session_scope(self.engine) as session:
+            return uploads.unfinished(session)
 
     async def start(self) -> None:
         await asyncio.to_thread(self.store.wait_until_ready)
         await asyncio.to_thread(self.store.ensure_bucket)
         await self.pipeline.start()
+        for row in await asyncio.to_thread(self._unfinished_files):
+            self.process_in_background(row)
 
     async def stop(self) -> None:
+        # Unfinished files are picked up again at the next start-up.
+        for task in list(self._file_tasks):
+            task.cancel()
+        await asyncio.gather(*self._file_tasks, return_exceptions=True)
         await self.pipeline.stop()
         await self.gateway.aclose()
         await self.control_client.aclose()

@@ -27,6 +27,7 @@ def upgrade() -> None:
         sa.Column("model", sa.String(length=200), nullable=True),
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("finish_reason", sa.String(length=32), nullable=True),
+        sa.Column("message_count", sa.Integer(), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("ingested_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("body", sa.LargeBinary(), nullable=False),

@@ -191,6 +191,7 @@ def test_control_plane_routes_are_relayed_to_the_owning_service(edge: Edge) -> N
 
 
 def test_an_opentelemetry_sdk_exporter_pointed_at_the_gateway_just_works(edge: Edge) -> None:
+    from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -202,28 +203,42 @@ def test_an_opentelemetry_sdk_exporter_pointed_at_the_gateway_just_works(edge: E
     provider = TracerProvider(resource=Resource.create({"service.name": "weather-agent"}))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("agent")
-    user = [{"role": "user", "parts": [{"type": "text", "content": "Weather in Paris?"}]}]
+    user = {"role": "user", "parts": [{"type": "text", "content": "Weather in Paris?"}]}
     call = {
         "type": "tool_call",
         "id": "call_1",
         "name": "get_weather",
         "arguments": {"city": "Paris"},
     }
+    asked = {"role": "assistant", "parts": [call], "finish_reason": "tool_call"}
+    result = {
+        "role": "tool",
+        "parts": [{"type": "tool_call_response", "id": "call_1", "response": {"temp_c": 18}}],
+    }
+    answer = {
+        "role": "assistant",
+        "parts": [{"type": "text", "content": "18°C in Paris."}],
+        "finish_reason": "stop",
+    }
+
+    def chat(
+        span: trace.Span, messages: list[dict[str, object]], output: dict[str, object], tokens: int
+    ) -> None:
+        span.set_attributes(
+            {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": "openai",
+                "gen_ai.request.model": "gpt-4o-mini",
+                "gen_ai.input.messages": json.dumps(messages),
+                "gen_ai.output.messages": json.dumps([output]),
+                "gen_ai.usage.input_tokens": tokens,
+                "gen_ai.usage.output_tokens": 7,
+            }
+        )
+
     with tracer.start_as_current_span("invoke_agent weather-agent"):
         with tracer.start_as_current_span("chat gpt-4o-mini") as span:
-            span.set_attributes(
-                {
-                    "gen_ai.operation.name": "chat",
-                    "gen_ai.provider.name": "openai",
-                    "gen_ai.request.model": "gpt-4o-mini",
-                    "gen_ai.input.messages": json.dumps(user),
-                    "gen_ai.output.messages": json.dumps(
-                        [{"role": "assistant", "parts": [call], "finish_reason": "tool_call"}]
-                    ),
-                    "gen_ai.usage.input_tokens": 12,
-                    "gen_ai.usage.output_tokens": 7,
-                }
-            )
+            chat(span, [user], asked, 12)
         with tracer.start_as_current_span("execute_tool get_weather") as span:
             span.set_attributes(
                 {
@@ -234,14 +249,27 @@ def test_an_opentelemetry_sdk_exporter_pointed_at_the_gateway_just_works(edge: E
                     "gen_ai.tool.call.result": json.dumps({"temp_c": 18}),
                 }
             )
+        with tracer.start_as_current_span("chat gpt-4o-mini") as span:
+            chat(span, [user, asked, result], answer, 30)
     provider.shutdown()
 
-    [sample] = edge.wait_for_samples(1, source="otlp")
-    roles = [message["role"] for message in sample["messages"]]
-    assert roles[:2] == ["user", "assistant"]
+    # Each span came in its own export: the conversation's sample grows to its full length.
+    def grown() -> bool:
+        found = edge.samples(source="otlp")
+        return len(found) == 1 and len(found[0]["messages"]) == 4
+
+    assert localstack.wait_until(grown, 40, interval_s=0.2), edge.samples(source="otlp")
+    [sample] = edge.samples(source="otlp")
+    assert [message["role"] for message in sample["messages"]] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
     assert sample["messages"][1]["tool_calls"][0]["name"] == "get_weather"
-    assert "tool" in roles
-    assert sample["response"]["usage"]["input_tokens"] == 12
+    assert sample["messages"][-1]["content"][0]["text"] == "18°C in Paris."
+    assert sample["response"]["usage"]["input_tokens"] == 30
+    assert sample["source_ref"].startswith(sample["source_ref"].split("/")[0])
 
 
 def test_otlp_fixtures_and_bad_bodies_get_otlp_answers(edge: Edge) -> None:

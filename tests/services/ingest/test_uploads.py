@@ -1,0 +1,101 @@
+"""Uploads through the running ingest service: OpenAI files API and the streamed import endpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import openai
+
+from shared import localstack
+from tests.services.ingest.conftest import Edge
+
+GOOD = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
+SHAREGPT = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello!"}]}
+ALPACA = {"instruction": "Translate to French", "input": "cheese", "output": "fromage"}
+BAD_ROLE = {
+    "messages": [{"role": "robot", "content": "beep"}, {"role": "assistant", "content": "boop"}]
+}
+
+
+def _jsonl(*records: object) -> bytes:
+    return b"".join(
+        (r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in records
+    )
+
+
+def test_files_api_upload_is_processed_with_a_report_naming_bad_lines(
+    edge: Edge, tmp_path: Path
+) -> None:
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(_jsonl(GOOD, b"{not json", SHAREGPT, BAD_ROLE, ALPACA))
+    client = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=edge.key, max_retries=0)
+    created = client.files.create(file=path.open("rb"), purpose="fine-tune")
+    assert created.id.startswith("file-")
+    assert created.bytes == path.stat().st_size
+
+    def processed() -> bool:
+        return client.files.retrieve(created.id).status == "processed"
+
+    assert localstack.wait_until(processed, 30, interval_s=0.2)
+    report = httpx.get(
+        f"{edge.url}/v1/files/{created.id}", headers={"Authorization": f"Bearer {edge.key}"}
+    ).json()["import_report"]
+    assert report["accepted_lines"] == 3
+    assert report["rejected_lines"] == 2
+    reasons = {error["line"]: error["reason"] for error in report["errors"]}
+    assert set(reasons) == {2, 4}
+    assert "JSON" in reasons[2]
+    assert "messages[0].role" in reasons[4]
+
+    uploaded = edge.wait_for_samples(3, source="upload")
+    refs = sorted(
+        sample["source_ref"] for sample in uploaded if sample["source_ref"].startswith(created.id)
+    )
+    assert refs == [f"{created.id}:1", f"{created.id}:3", f"{created.id}:5"]
+
+
+def test_streamed_import_answers_with_the_report_and_is_idempotent(edge: Edge) -> None:
+    headers = {"Authorization": f"Bearer {edge.key}", "content-type": "application/jsonl"}
+    body = _jsonl(GOOD, SHAREGPT, {"nothing": "recognisable"})
+
+    def chunks():  # sent in pieces that split lines, as a large upload would arrive
+        for start in range(0, len(body), 7):
+            yield body[start : start + 7]
+
+    url = f"{edge.url}/v1/samples/import?import_id=batch-42"
+    first = httpx.post(url, content=chunks(), headers=headers).json()
+    assert first["accepted_lines"] == 2
+    assert first["rejected_lines"] == 1
+    assert first["errors"][0]["line"] == 3
+    before = len(edge.wait_for_samples(2, source="upload"))
+    again = httpx.post(url, content=body, headers=headers).json()
+    assert again["accepted_lines"] == 2
+    localstack.wait_until(lambda: False, 1.0)
+    assert len(edge.samples(source="upload", limit=1000)) == before
+
+
+def test_upload_refusals_name_the_field(edge: Edge, tmp_path: Path) -> None:
+    auth = {"Authorization": f"Bearer {edge.key}"}
+    files = {"file": ("a.jsonl", _jsonl(GOOD), "application/jsonl")}
+    purpose = httpx.post(
+        f"{edge.url}/v1/files", files=files, data={"purpose": "batch"}, headers=auth
+    )
+    assert purpose.status_code == 400
+    assert "purpose" in purpose.json()["detail"]
+    fmt = httpx.post(f"{edge.url}/v1/samples/import?format=csv", content=b"x", headers=auth)
+    assert fmt.status_code == 400
+    assert "format" in fmt.json()["detail"]
+    created = httpx.post(
+        f"{edge.url}/v1/files", files=files, data={"purpose": "fine-tune"}, headers=auth
+    ).json()
+    other = httpx.get(
+        f"{edge.url}/v1/files/{created['id']}",
+        headers={"Authorization": f"Bearer {edge.other_key}"},
+    )
+    assert other.status_code == 404
+    assert (
+        httpx.post(f"{edge.url}/v1/files", files=files, data={"purpose": "fine-tune"}).status_code
+        == 401
+    )
