@@ -93,22 +93,30 @@ def to_exchange(call: CapturedCall) -> Exchange:
         body = decode_body(call.response_body, call.content_encoding)
     except (ValueError, OSError, zlib.error) as exc:
         raise NormalizeError("response", str(exc)) from None
-    streamed = call.content_type.startswith("text/event-stream")
-    response: dict[str, Any] | None = None
-    if not streamed:
-        try:
-            parsed = orjson.loads(body) if body else None
-        except orjson.JSONDecodeError:
-            parsed = None
-        response = (
-            parsed if isinstance(parsed, dict) else {"raw": body.decode("utf-8", "replace")[:2000]}
-        )
+    text = body.decode("utf-8", "replace")
+    if call.content_type.startswith("text/event-stream"):
+        return _exchange(call, request, None, text)
+    try:
+        parsed = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, list) and call.api == "gemini":
+        # streamGenerateContent without alt=sse answers one JSON array of chunks.
+        return _exchange(call, request, None, text)
+    return _exchange(
+        call, request, parsed if isinstance(parsed, dict) else {"raw": text[:2000]}, None
+    )
+
+
+def _exchange(
+    call: CapturedCall, request: dict[str, Any], response: dict[str, Any] | None, stream: str | None
+) -> Exchange:
     return Exchange(
         provider=call.api,
         request=request,
         status=call.status,
         response=response,
-        stream=body.decode("utf-8", "replace") if streamed else None,
+        stream=stream,
         model_from_path=call.model_from_path,
         tenant=call.tenant,
         source="gateway",
@@ -155,6 +163,9 @@ class SpillFile:
         return records
 
 
+_MAX_REASONS = 10_000
+
+
 @dataclass
 class Fidelity:
     """What each source made of its input: samples, and what was rejected or dropped, by reason.
@@ -167,10 +178,20 @@ class Fidelity:
     dropped: Counter[tuple[str, str, str]] = field(default_factory=Counter)
 
     def count_rejected(self, tenant: str, source: str, reason: str) -> None:
-        self.rejected[(tenant, source, reason[:200])] += 1
+        self._count(self.rejected, tenant, source, reason)
 
     def count_dropped(self, tenant: str, source: str, reason: str) -> None:
-        self.dropped[(tenant, source, reason[:200])] += 1
+        self._count(self.dropped, tenant, source, reason)
+
+    @staticmethod
+    def _count(
+        counter: Counter[tuple[str, str, str]], tenant: str, source: str, reason: str
+    ) -> None:
+        # Reasons can quote input (an unknown key's name); past a bound, they share one bucket.
+        key = (tenant, source, reason[:200])
+        if key not in counter and len(counter) >= _MAX_REASONS:
+            key = (tenant, source, "(other reasons)")
+        counter[key] += 1
 
     def report(self, tenant: str) -> dict[str, Any]:
         sources = {source for (t, source) in self.samples if t == tenant}

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from services.ingest.capture import CapturedCall, Fidelity, Publish, SpillFile, to_exchange
 from services.ingest.media import offload_media
+from services.ingest.scrub import scrub_secrets
 from services.ingest.normalize import NormalizeError, normalize
 from shared.chat import MediaPart, Sample
 from shared.events import SampleCaptured
@@ -109,6 +110,7 @@ class CapturePipeline:
     async def deliver(self, sample: Sample) -> None:
         """Offload media, publish; on any failure keep the sample in the spill file."""
         try:
+            sample = scrub_secrets(sample)
             if _has_inline_media(sample):
                 if self._store is None:
                     raise RuntimeError("no object store configured for media")

@@ -1,0 +1,101 @@
+"""From captured bytes to an Exchange: encodings, SSE, Gemini's JSON-array stream, spill records."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from services.ingest.capture import CapturedCall, Fidelity, SpillFile, to_exchange
+from services.ingest.normalize import NormalizeError, normalize
+from tests.fakes.upstream import recorded
+
+
+def _call(
+    api: str, request: object, body: bytes, content_type: str, encoding: str = ""
+) -> CapturedCall:
+    return CapturedCall(
+        api=api,  # type: ignore[arg-type]
+        tenant="acme",
+        request_id="req-1",
+        request_body=json.dumps(request).encode(),
+        status=200,
+        response_body=body,
+        content_type=content_type,
+        content_encoding=encoding,
+        started_at=datetime.now(UTC),
+        latency_ms=12.5,
+        model_from_path="gemini-2.0-flash" if api == "gemini" else None,
+    )
+
+
+def test_gzip_response_is_decoded_for_capture() -> None:
+    exchange = recorded("an03_parallel_tool_use_gzip")
+    body = gzip.compress(json.dumps(exchange["response"]["body"]).encode())
+    result = to_exchange(
+        _call("anthropic", exchange["request"]["body"], body, "application/json", "gzip")
+    )
+    assert result.response == exchange["response"]["body"]
+    assert result.source_ref == "req-1"
+
+
+def test_sse_is_passed_as_stream_text() -> None:
+    exchange = recorded("oa03_streaming_parallel_tool_calls_sse")
+    body = exchange["response"]["body"].encode()
+    result = to_exchange(
+        _call("openai", exchange["request"]["body"], body, "text/event-stream; charset=utf-8")
+    )
+    assert result.stream == exchange["response"]["body"]
+    assert result.response is None
+
+
+def test_gemini_stream_without_sse_is_one_json_array_and_still_normalises() -> None:
+    exchange = recorded("ge04_genai_inlineData_urlsafe_b64_sse")
+    chunks = [
+        json.loads(line[5:])
+        for line in exchange["response"]["body"].splitlines()
+        if line.startswith("data:")
+    ]
+    call = _call(
+        "gemini", exchange["request"]["body"], json.dumps(chunks).encode(), "application/json"
+    )
+    result = to_exchange(call)
+    assert result.stream is not None
+    [sample] = normalize(result).samples
+    assert sample.completion() is not None
+    assert "checkerboard" in sample.completion().text()  # type: ignore[union-attr]
+
+
+def test_unreadable_request_is_a_normalize_error_naming_it() -> None:
+    call = _call("openai", {}, b"{}", "application/json")
+    call.request_body = b"\xff not json"
+    with pytest.raises(NormalizeError, match="request"):
+        to_exchange(call)
+
+
+def test_spill_records_round_trip_and_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
+    spill = SpillFile(tmp_path / "spill.jsonl")
+    call = _call("openai", {"model": "gpt-4o-mini"}, b"\x00\x01binary", "application/json")
+    spill.append("call", call.to_record())
+    with spill.path.open("ab") as handle:
+        handle.write(b'{"kind": "call", "payl')  # the process died mid-write
+    [claimed] = spill.claim()
+    records = spill.records(claimed)
+    assert len(records) == 1
+    assert CapturedCall.from_record(records[0]["payload"]) == call
+    assert not spill.path.exists()
+
+
+def test_fidelity_reports_per_source_and_bounds_distinct_reasons() -> None:
+    fidelity = Fidelity()
+    fidelity.samples[("acme", "gateway")] += 2
+    fidelity.count_rejected("acme", "upload", "messages[0].role: 'robot'")
+    fidelity.count_dropped("globex", "otlp", "ignored")
+    report = fidelity.report("acme")
+    assert report == {
+        "gateway": {"samples": 2, "rejected": {}, "dropped": {}},
+        "upload": {"samples": 0, "rejected": {"messages[0].role: 'robot'": 1}, "dropped": {}},
+    }
