@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
 import httpx
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
@@ -99,37 +98,43 @@ async def forward(
     chunks: list[bytes] = []
     first_byte: list[float] = []
 
-    async def relay() -> AsyncIterator[bytes]:
-        async for chunk in upstream.aiter_raw():
-            if not first_byte:
-                first_byte.append(time.perf_counter())
-            chunks.append(chunk)
-            yield chunk
-
-    async def finish() -> None:
-        await upstream.aclose()
-        capture(
-            CapturedCall(
-                api=api,
-                tenant=tenant,
-                request_id=uuid.uuid4().hex,
-                request_body=body,
-                status=upstream.status_code,
-                response_body=b"".join(chunks),
-                content_type=upstream.headers.get("content-type", ""),
-                content_encoding=upstream.headers.get("content-encoding", ""),
-                started_at=started_at,
-                latency_ms=(time.perf_counter() - start) * 1000,
-                ttft_ms=(first_byte[0] - start) * 1000 if first_byte else None,
-                model_from_path=model_from_path,
-                tags=parse_tags(request),
-            )
+    def captured() -> CapturedCall:
+        return CapturedCall(
+            api=api,
+            tenant=tenant,
+            request_id=uuid.uuid4().hex,
+            request_body=body,
+            status=upstream.status_code,
+            response_body=b"".join(chunks),
+            content_type=upstream.headers.get("content-type", ""),
+            content_encoding=upstream.headers.get("content-encoding", ""),
+            started_at=started_at,
+            latency_ms=(time.perf_counter() - start) * 1000,
+            ttft_ms=(first_byte[0] - start) * 1000 if first_byte else None,
+            model_from_path=model_from_path,
+            tags=parse_tags(request),
         )
+
+    async def relay() -> AsyncIterator[bytes]:
+        complete = False
+        try:
+            async for chunk in upstream.aiter_raw():
+                if not first_byte:
+                    first_byte.append(time.perf_counter())
+                chunks.append(chunk)
+                yield chunk
+            complete = True
+        finally:
+            # Runs when the last byte is sent, and also when the client goes away mid-stream:
+            # the upstream connection must go back to the pool either way. Only whole answers
+            # are captured; a cut-off one would be a truncated training example.
+            if complete:
+                capture(captured())
+            await upstream.aclose()
 
     headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_RESPONSE}
     return StreamingResponse(
         relay(),
         status_code=upstream.status_code,
         headers=headers,
-        background=BackgroundTask(finish),
     )
