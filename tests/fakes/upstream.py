@@ -158,9 +158,16 @@ class FakeUpstream:
             ),
         )
 
+    async def deployed(self, request: Request) -> Response:
+        """A model we deployed ourselves: OpenAI-compatible, no provider key."""
+        body = await _json(request)
+        self.received.append(Received(request.url.path, dict(request.headers), body or {}))
+        return self._reply(request=request, exchange=recorded("oa01_tool_calls_multiturn"))
+
     def app(self) -> Starlette:
         return Starlette(
             routes=[
+                Route("/deployed/v1/chat/completions", self.deployed, methods=["POST"]),
                 Route("/v1/chat/completions", self.openai, methods=["POST"]),
                 Route("/v1/messages", self.anthropic, methods=["POST"]),
                 Route("/v1beta/models/{model_action}", self.gemini, methods=["POST"]),

@@ -4,6 +4,7 @@ with images in real S3, and come back from GET /v1/samples."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -12,7 +13,9 @@ import httpx
 import openai
 import pytest
 
-from shared import localstack
+from shared import bus, localstack
+from shared.events import DeploymentReady, DeploymentStopped, Event
+from shared.settings import Settings
 from tests.fakes.upstream import recorded
 from tests.plugins.infra import RunningProcess
 from tests.services.ingest.conftest import Edge
@@ -297,3 +300,47 @@ def test_otlp_fixtures_and_bad_bodies_get_otlp_answers(edge: Edge) -> None:
         f"{edge.url}/v1/traces", content=b"{}", headers={"content-type": "application/json"}
     )
     assert nobody.status_code == 401
+
+
+def test_a_model_the_hoster_deployed_is_routed_to_its_deployment(
+    edge: Edge, stack_settings: Settings
+) -> None:
+    async def announce(event: Event) -> None:
+        broker = bus.make_broker(stack_settings.nats, service="hoster-test")
+        await bus.connect(broker, stack_settings.nats)
+        try:
+            await bus.publish(broker, event)
+        finally:
+            await broker.stop()
+
+    client = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=edge.key, max_retries=0)
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="acme-support-v3", messages=messages)
+
+    endpoint = f"{edge.upstream.base_url}/deployed"
+    ready = DeploymentReady(
+        tenant="acme",
+        deployment_id="dep-1",
+        served_model_name="acme-support-v3",
+        endpoint_url=endpoint,
+    )
+    asyncio.run(announce(ready))
+
+    def routed() -> bool:
+        try:
+            client.chat.completions.create(model="acme-support-v3", messages=messages)
+        except openai.NotFoundError:
+            return False
+        return True
+
+    assert localstack.wait_until(routed, 15, interval_s=0.2)
+    seen = edge.upstream.received[-1]
+    assert seen.path == "/deployed/v1/chat/completions"
+    assert "authorization" not in seen.headers  # no provider key for our own deployment
+
+    stopped = DeploymentStopped(
+        tenant="acme", deployment_id="dep-1", served_model_name="acme-support-v3"
+    )
+    asyncio.run(announce(stopped))
+    assert localstack.wait_until(lambda: not routed(), 15, interval_s=0.2)
