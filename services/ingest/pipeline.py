@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 from services.ingest.capture import CapturedCall, Fidelity, Publish, SpillFile, to_exchange
 from services.ingest.media import offload_media
-from services.ingest.scrub import scrub_secrets
 from services.ingest.normalize import NormalizeError, normalize
+from services.ingest.scrub import scrub_secrets
 from shared.chat import MediaPart, Sample
 from shared.events import SampleCaptured
 from shared.storage import ObjectStore
