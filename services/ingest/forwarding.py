@@ -12,6 +12,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from services.ingest.proxy import HOP_BY_HOP
 from shared.settings import Settings
 
 # First path segment after /v1 -> owning service.
@@ -21,19 +22,7 @@ OWNERS = {
     "deployments": "hoster",
     "evals": "evaluator",
 }
-_HOP_BY_HOP = frozenset(
-    {
-        "host",
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-    }
-)
+_HOP_BY_HOP = HOP_BY_HOP | {"host", "content-length"}
 
 
 def service_urls(settings: Settings) -> dict[str, str]:

@@ -20,15 +20,8 @@ from starlette.responses import StreamingResponse
 from services.ingest.capture import CapturedCall
 from services.ingest.routing import Api, Route
 
-# Hop-by-hop headers (RFC 9110 7.6.1) and the ones the gateway owns.
-_DROP_REQUEST = frozenset(
-    {
-        "host", "connection", "keep-alive", "proxy-authorization", "proxy-connection", "te",
-        "trailer", "transfer-encoding", "upgrade", "content-length", "authorization",
-        "x-api-key", "x-goog-api-key", "accept-encoding", "cookie",
-    }
-)  # fmt: skip
-_DROP_RESPONSE = frozenset(
+# Hop-by-hop headers (RFC 9110 7.6.1): they describe one connection, never the message.
+HOP_BY_HOP = frozenset(
     {
         "connection",
         "keep-alive",
@@ -39,6 +32,12 @@ _DROP_RESPONSE = frozenset(
         "upgrade",
     }
 )
+# Also the ones the gateway owns: the caller's credentials and how the body is framed and encoded.
+_DROP_REQUEST = HOP_BY_HOP | {
+    "host", "content-length", "proxy-authorization", "authorization", "x-api-key", "x-goog-api-key",
+    "accept-encoding", "cookie",
+}  # fmt: skip
+_DROP_RESPONSE = HOP_BY_HOP
 # Only encodings the capture can decode; the client still gets the upstream's bytes unchanged.
 _ACCEPT_ENCODING = "gzip, deflate"
 
