@@ -58,7 +58,9 @@ class NatsSettings(BaseSettings):
     connect_timeout_s: float = Field(default=30.0, gt=0)
     # Limits applied to every JetStream stream we declare (streams.py may tighten them).
     stream_max_age_days: float = Field(default=30.0, gt=0)
-    stream_max_bytes: int = Field(default=8 * 1024**3, gt=0)
+    # JetStream reserves this much file storage per stream up front and refuses a stream it
+    # cannot reserve, so the default stays modest; production sizes it to its traffic.
+    stream_max_bytes: int = Field(default=1024**3, gt=0)
 
     @model_validator(mode="after")
     def _default_url(self) -> NatsSettings:

@@ -48,13 +48,22 @@ def make_settings(
     """
     base: dict[str, dict[str, object]] = {
         "app": {"env": "test", "data_dir": data_dir},
-        "nats": {"port": free_port(), "monitor_port": free_port()},
+        # Small streams: each test server reserves their size on disk up front.
+        "nats": {
+            "port": free_port(),
+            "monitor_port": free_port(),
+            "stream_max_bytes": 64 * 1024**2,
+        },
         "s3": {name: free_port() for name in _S3_PORTS} | {"bucket": "tuneloop-test"},
         "services": {name + "_port": free_port() for name in localstack.SERVICES},
         "db": {"url": f"sqlite:///{data_dir / 'tuneloop.db'}"},
     }
     if infra is not None:
-        base["nats"] = {"port": infra.nats.port, "monitor_port": infra.nats.monitor_port}
+        base["nats"] = {
+            "port": infra.nats.port,
+            "monitor_port": infra.nats.monitor_port,
+            "stream_max_bytes": infra.nats.stream_max_bytes,
+        }
         base["s3"] = {name: getattr(infra.s3, name) for name in (*_S3_PORTS, "bucket")}
     for concern, values in overrides.items():
         base.setdefault(concern, {}).update(values)
@@ -70,6 +79,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "TUNELOOP_NATS_URL": settings.nats.url,
         "TUNELOOP_NATS_PORT": str(settings.nats.port),
         "TUNELOOP_NATS_MONITOR_PORT": str(settings.nats.monitor_port),
+        "TUNELOOP_NATS_STREAM_MAX_BYTES": str(settings.nats.stream_max_bytes),
         "TUNELOOP_S3_ENDPOINT": s3.endpoint,
         "TUNELOOP_S3_BUCKET": s3.bucket,
         "TUNELOOP_S3_ACCESS_KEY": s3.access_key,

@@ -49,9 +49,9 @@ async def test_streams_are_declared_with_limits_and_redeclaring_is_harmless(
             assert info.config.max_bytes == nats_settings.stream_max_bytes
             assert info.config.max_msg_size == stream.max_msg_size
             assert info.config.duplicate_window == pytest.approx(stream.duplicate_window_s)
-        tighter = nats_settings.model_copy(update={"stream_max_bytes": 1024**3})
-        await bus.declare_streams(js, tighter)
-        assert (await js.stream_info(JOBS.name)).config.max_bytes == 1024**3
+        half = nats_settings.stream_max_bytes // 2
+        await bus.declare_streams(js, nats_settings.model_copy(update={"stream_max_bytes": half}))
+        assert (await js.stream_info(JOBS.name)).config.max_bytes == half
         await bus.declare_streams(js, nats_settings)
     finally:
         await nc.close()
