@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 
 from services.ingest.capture import CapturedCall, Fidelity, Publish, SpillFile, to_exchange
+from services.ingest.journal import Journal, Ticket
 from services.ingest.media import offload_media
 from services.ingest.normalize import NormalizeError, normalize
 from services.ingest.scrub import scrub_secrets
@@ -41,13 +42,17 @@ class CapturePipeline:
         spill: SpillFile,
         queue_size: int,
         can_publish: Callable[[], bool],
+        journal: Journal | None = None,
         workers: int = 4,
         replay_interval_s: float = 1.0,
     ) -> None:
         self._publish = publish
         self._store = store
         self.spill = spill
-        self._queue: asyncio.Queue[CapturedCall] = asyncio.Queue(maxsize=queue_size)
+        self._queue: asyncio.Queue[tuple[CapturedCall, Ticket | None]] = asyncio.Queue(
+            maxsize=queue_size
+        )
+        self._journal = journal
         self._can_publish = can_publish
         self._workers = workers
         self._replay_interval_s = replay_interval_s
@@ -57,16 +62,34 @@ class CapturePipeline:
 
     def submit(self, call: CapturedCall) -> None:
         """Hand a finished call over; never blocks, never raises into the request."""
+        ticket = self._journal.append(call) if self._journal is not None else None
         try:
-            self._queue.put_nowait(call)
+            self._queue.put_nowait((call, ticket))
         except asyncio.QueueFull:
             self.spill.append("call", call.to_record())
+            self._done(ticket)
+
+    def _done(self, ticket: Ticket | None) -> None:
+        if self._journal is not None and ticket is not None:
+            self._journal.done(ticket)
 
     async def start(self) -> None:
         self._tasks = [
             asyncio.create_task(self._work(), name=f"capture-{i}") for i in range(self._workers)
         ]
         self._tasks.append(asyncio.create_task(self._replay_forever(), name="capture-replay"))
+        self._tasks.append(asyncio.create_task(self._recover_journal(), name="capture-recover"))
+
+    async def _recover_journal(self) -> None:
+        """Calls a killed process had journaled but not finished are processed again."""
+        if self._journal is None:
+            return
+        for segment in self._journal.orphans():
+            calls = self._journal.calls(segment)
+            for call in calls:
+                await self.process(call)
+            segment.unlink(missing_ok=True)
+            log.info("recovered %d captured calls from %s", len(calls), segment.name)
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Finish what is queued (bounded), spill the rest, stop the workers."""
@@ -78,14 +101,19 @@ class CapturePipeline:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         while not self._queue.empty():
-            self.spill.append("call", self._queue.get_nowait().to_record())
+            call, ticket = self._queue.get_nowait()
+            self.spill.append("call", call.to_record())
+            self._done(ticket)
+        if self._journal is not None:
+            self._journal.close()
 
     async def _work(self) -> None:
         while True:
-            call = await self._queue.get()
+            call, ticket = await self._queue.get()
             try:
                 await self.process(call)
             finally:
+                self._done(ticket)
                 self._queue.task_done()
 
     async def process(self, call: CapturedCall) -> None:

@@ -15,6 +15,7 @@ from services.ingest.capture import SpillFile
 from services.ingest.config import IngestSettings
 from services.ingest.forwarding import service_urls
 from services.ingest.gateway import Gateway
+from services.ingest.journal import Journal
 from services.ingest.models import UploadedFile
 from services.ingest.pipeline import CapturePipeline
 from services.ingest.routing import RoutingTable, load_upstreams
@@ -56,6 +57,7 @@ class Ingest:
             publish=publish,
             store=store,
             spill=SpillFile(settings.app.data_dir.resolve() / "ingest" / "capture-spill.jsonl"),
+            journal=Journal(settings.app.data_dir.resolve() / "ingest" / "journal"),
             queue_size=ingest_settings.capture_queue_size,
             can_publish=can_publish,
         )

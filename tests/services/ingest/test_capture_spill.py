@@ -1,6 +1,6 @@
-"""Capture never costs the caller: with NATS gone, calls still succeed and their samples go to the
-spill file; after NATS returns (and even after the gateway was SIGKILLed meanwhile) they are
-replayed and every one is stored."""
+"""Capture never costs the caller: with NATS gone, calls still succeed; the gateway is SIGKILLed
+right after answering them, and once NATS and the gateway are back every sample is stored
+(from the write-ahead journal or the spill file)."""
 
 from __future__ import annotations
 
@@ -84,11 +84,9 @@ def test_calls_succeed_while_nats_is_away_and_no_sample_is_lost(
                     answer.json()["id"]
                     == recorded("oa01_tool_calls_multiturn")["response"]["body"]["id"]
                 )
-            assert localstack.wait_until(lambda: _spilled(settings) >= CALLS_WHILE_AWAY, 30), (
-                gateway.log()[-3000:]
-            )
-
-            gateway.kill()  # the spill file must outlive the process
+            # Killed at once: the calls are in the journal, in the spill file, or on their way
+            # from one to the other; none may be lost.
+            gateway.kill()
             private_nats.start()
             gateway = RunningProcess(component, tmp_path / "ingest.log", env=env)
             gateway.start()
