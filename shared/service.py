@@ -8,6 +8,7 @@ JetStream streams, starts the subscribers and the presence heartbeat, and stops 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import socket
@@ -75,6 +76,10 @@ class ServiceRuntime:
                 await start()
                 started.append(stop)
             log.info("%s serving on %s (NATS %s)", self.name, self.address, self.settings.nats.url)
+            # Start-up leaves ~160k long-lived objects; frozen, the collector stops rescanning
+            # them in every full collection (a 150-200 ms pause, seen as p99 in bench-gateway).
+            gc.collect()
+            gc.freeze()
             yield
         finally:
             for stop in reversed(started):

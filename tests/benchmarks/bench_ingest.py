@@ -1,0 +1,250 @@
+"""Ingest benchmark (`make bench-ingest`): OTLP spans -> persisted samples per second, through a
+running ingest service, against the in-process decode+map rate measured in the same run.
+
+    .venv/bin/python -m tests.benchmarks.bench_ingest [--requests 40] [--concurrency 4]
+
+Agent traces (otlp_traces.py) are encoded as OTLP/JSON and as protobuf export requests of ~500
+spans each, POSTed concurrently to `/v1/traces` of an ingest process (real NATS, S3, SQLite), and
+timed until every resulting sample is in the database. The baseline is
+`otlp.decode_export` + `genai_spans.spans_to_samples` on the same bodies in this process, so the
+ratio shows what the pipeline (HTTP, JetStream publish, persister, SQLite) costs on top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import orjson
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from rich.table import Table
+
+from services.ingest.genai_spans import spans_to_samples
+from services.ingest.otlp import decode_export
+from tests.benchmarks import pyspy
+from tests.benchmarks.otlp_traces import SPANS_PER_TRACE, TraceFactory, export_bodies
+from tests.benchmarks.stack import (
+    Ingest,
+    make_console,
+    sigterm_as_interrupt,
+    start_infra,
+    start_ingest,
+    wait_for_count,
+    workdir,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+GOAL_SPANS_PER_S = 20_000
+PROFILE_S = 10
+CONTENT_TYPES = {"json": "application/json", "protobuf": "application/x-protobuf"}
+console = make_console()
+
+
+@dataclass
+class Baseline:
+    spans: int
+    samples: int
+    seconds: float
+
+    @property
+    def spans_per_s(self) -> float:
+        return self.spans / self.seconds
+
+
+@dataclass
+class Pipeline:
+    spans: int
+    samples_expected: int
+    samples_persisted: int
+    rejected_spans: int
+    accepted_s: float  # first POST sent -> last export answered
+    persisted_s: float  # first POST sent -> last sample in the database
+
+    @property
+    def spans_per_s(self) -> float:
+        return self.spans / self.persisted_s
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples_persisted / self.persisted_s
+
+
+def in_process(bodies: list[bytes], content_type: str) -> Baseline:
+    """decode + map on one core, nothing else: the ceiling the service's pipeline sits under."""
+    spans = samples = 0
+    start = time.perf_counter()
+    for body in bodies:
+        decoded = decode_export(body, content_type)
+        result = spans_to_samples(decoded, tenant="bench")
+        spans += len(decoded)
+        samples += len(result.samples)
+    return Baseline(spans, samples, time.perf_counter() - start)
+
+
+def _rejected(response: httpx.Response, encoding: str) -> int:
+    if encoding == "json":
+        partial = orjson.loads(response.content or b"{}").get("partialSuccess") or {}
+        return int(partial.get("rejectedSpans", 0))
+    answer = ExportTraceServiceResponse.FromString(response.content)
+    return int(answer.partial_success.rejected_spans)
+
+
+async def _post_all(ingest: Ingest, bodies: list[bytes], encoding: str, concurrency: int) -> int:
+    """POST every body, `concurrency` in flight; returns the rejected span count."""
+    headers = {"Authorization": f"Bearer {ingest.key}", "Content-Type": CONTENT_TYPES[encoding]}
+    queue = list(reversed(bodies))
+    rejected = 0
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal rejected
+        while queue:
+            body = queue.pop()
+            response = await client.post(f"{ingest.url}/v1/traces", content=body, headers=headers)
+            if response.status_code != 200:
+                raise RuntimeError(f"/v1/traces answered {response.status_code}: {response.text}")
+            rejected += _rejected(response, encoding)
+
+    async with httpx.AsyncClient(timeout=120) as client:
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+    return rejected
+
+
+def through_service(
+    ingest: Ingest, bodies: list[bytes], encoding: str, *, samples: int, concurrency: int
+) -> Pipeline:
+    before = ingest.count_samples("otlp")
+    start = time.monotonic()
+    rejected = asyncio.run(_post_all(ingest, bodies, encoding, concurrency))
+    accepted = time.monotonic()
+    persisted, at = wait_for_count(
+        lambda: ingest.count_samples("otlp") - before, samples, timeout_s=120
+    )
+    spans = samples * SPANS_PER_TRACE
+    return Pipeline(spans, samples, persisted, rejected, accepted - start, at - start)
+
+
+def report(
+    baselines: dict[str, Baseline], pipelines: dict[str, Pipeline], sizes: dict[str, int]
+) -> None:
+    table = Table(title="OTLP spans -> persisted samples (same bodies, same run)")
+    columns = ("format", "spans", "samples", "request body", "in-process decode+map spans/s",
+               "answered spans/s", "persisted spans/s", "persisted samples/s",
+               "pipeline / in-process", f"goal >= {GOAL_SPANS_PER_S:,} spans/s")  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="left" if column == "format" else "right")
+    for encoding, run in pipelines.items():
+        base = baselines[encoding]
+        complete = run.samples_persisted >= run.samples_expected
+        table.add_row(
+            encoding,
+            f"{run.spans:,}",
+            f"{run.samples_persisted:,}" + ("" if complete else f" of {run.samples_expected:,}!"),
+            f"{sizes[encoding] / 1024:.0f} KiB",
+            f"{base.spans_per_s:,.0f}",
+            f"{run.spans / run.accepted_s:,.0f}",
+            f"{run.spans_per_s:,.0f}",
+            f"{run.samples_per_s:,.0f}",
+            f"{run.spans_per_s / base.spans_per_s:.2f}x",
+            "[green]met" if run.spans_per_s >= GOAL_SPANS_PER_S else
+            f"[red]missed ({run.spans_per_s / GOAL_SPANS_PER_S:.2f}x of goal)",
+        )  # fmt: skip
+    console.print(table)
+    for encoding, run in pipelines.items():
+        if run.rejected_spans:
+            console.print(f"[red]{encoding}: {run.rejected_spans} spans rejected (partial success)")
+
+
+def start_profile(ingest: Ingest, out: Path) -> tuple[subprocess.Popen[bytes], Path] | None:
+    py_spy = ROOT / ".venv-bench" / "bin" / "py-spy"
+    if not py_spy.exists():
+        console.print(f"[yellow]no profile: {py_spy} is missing (make bench-venv)")
+        return None
+    return pyspy.record(py_spy, ingest.pid, PROFILE_S, out), out
+
+
+def profile_run(
+    args: argparse.Namespace, factory: TraceFactory, ingest: Ingest, encoding: str
+) -> None:
+    """An extra run with fresh traces, not in the results, with py-spy on the service."""
+    bodies = export_bodies(factory, requests=args.requests,
+                           traces_per_request=args.traces_per_request, encoding=encoding)  # fmt: skip
+    recorder = start_profile(ingest, args.profile.resolve() / "ingest-otlp.folded")
+    through_service(ingest, bodies, encoding, samples=len(bodies) * args.traces_per_request,
+                    concurrency=args.concurrency)  # fmt: skip
+    if recorder is not None:
+        finish_profile(*recorder)
+
+
+def finish_profile(recorder: subprocess.Popen[bytes], out: Path) -> None:
+    _, err = recorder.communicate(timeout=PROFILE_S + 60)
+    if recorder.returncode != 0 or not out.exists():
+        console.print(f"[yellow]py-spy failed ({recorder.returncode}): {err.decode()[-500:]}")
+        return
+    console.print(pyspy.table(pyspy.summarise(out)))
+    console.print(f"folded stacks: {out} (speedscope.app or flamegraph.pl read them)")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=40, help="export requests per format")
+    parser.add_argument("--traces-per-request", type=int, default=56, help="9 spans each")
+    parser.add_argument("--concurrency", type=int, default=4, help="exports in flight")
+    parser.add_argument("--formats", default="json,protobuf")
+    parser.add_argument("--profile", type=Path, nargs="?", const=ROOT / ".tuneloop" / "bench-profile",
+                        help="py-spy the ingest process during the last format's run (to DIR)")  # fmt: skip
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, database)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    sigterm_as_interrupt()
+    started = time.monotonic()
+    formats = args.formats.split(",")
+    factory = TraceFactory()
+    bodies = {
+        encoding: export_bodies(factory, requests=args.requests,
+                                traces_per_request=args.traces_per_request, encoding=encoding)
+        for encoding in formats
+    }  # fmt: skip
+    sizes = {encoding: sum(map(len, b)) // len(b) for encoding, b in bodies.items()}
+    baselines = {e: in_process(bodies[e], CONTENT_TYPES[e]) for e in formats}
+    for encoding, base in baselines.items():
+        console.log(
+            f"in-process {encoding}: {base.spans_per_s:,.0f} spans/s ({base.samples} samples)"
+        )
+    pipelines: dict[str, Pipeline] = {}
+    with workdir(args.keep) as tmp, contextlib.ExitStack() as stack:
+        console.log("starting NATS, S3 and the ingest service")
+        ingest = start_ingest(stack, start_infra(stack, tmp), tmp)
+        for encoding in formats:
+            run = through_service(ingest, bodies[encoding], encoding,
+                                  samples=baselines[encoding].samples, concurrency=args.concurrency)  # fmt: skip
+            pipelines[encoding] = run
+            console.log(f"service {encoding}: {run.spans_per_s:,.0f} spans/s persisted "
+                        f"({run.samples_persisted} samples in {run.persisted_s:.1f}s)")  # fmt: skip
+        console.print(f"\nmachine: {os.cpu_count()} CPUs shared by the service, NATS, S3, SQLite "
+                      "and this client (other processes may be running); samples counted in SQLite")  # fmt: skip
+        report(baselines, pipelines, sizes)
+        if args.json:
+            args.json.write_bytes(orjson.dumps({"baselines": baselines, "pipelines": pipelines},
+                                               option=orjson.OPT_INDENT_2))  # fmt: skip
+        if args.profile:
+            profile_run(args, factory, ingest, formats[-1])
+    console.log(f"done in {time.monotonic() - started:.0f}s")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: every process this run started has been stopped")
+        raise SystemExit(130) from None
