@@ -112,8 +112,10 @@ class CapturePipeline:
             call, ticket = await self._queue.get()
             try:
                 await self.process(call)
-            finally:
+                # Not in `finally`: a call cut off by shutdown stays in the journal and is
+                # processed again at the next start-up.
                 self._done(ticket)
+            finally:
                 self._queue.task_done()
 
     async def process(self, call: CapturedCall) -> None:
@@ -145,6 +147,8 @@ class CapturePipeline:
                 sample = await asyncio.to_thread(
                     offload_media, sample, self._store, self._known_media
                 )
+                if len(self._known_media) > 100_000:
+                    self._known_media.clear()  # only a cache of keys known to exist in S3
             await self._publish(
                 SampleCaptured(tenant=sample.tenant, event_id=_event_id(sample), sample=sample)
             )
