@@ -46,7 +46,11 @@ def services_settings(
 @pytest.fixture
 def two_services(services_settings: Settings) -> Iterator[tuple[RunningProcess, RunningProcess]]:
     ingest = start_service(services_settings, "ingest")
-    scheduler = start_service(services_settings, "scheduler")
+    try:
+        scheduler = start_service(services_settings, "scheduler")
+    except RuntimeError:
+        ingest.stop()
+        raise
     yield ingest, scheduler
     ingest.stop()
     scheduler.stop()
@@ -95,7 +99,11 @@ def test_service_reconnects_when_nats_returns(
     )
     db.migrate(settings.database_url)
     ingest = start_service(settings, "ingest")
-    hoster = start_service(settings, "hoster")
+    try:
+        hoster = start_service(settings, "hoster")
+    except RuntimeError:
+        ingest.stop()
+        raise
     try:
         assert localstack.wait_until(lambda: "hoster" in peer_services(settings, "ingest"), 15)
 

@@ -105,6 +105,7 @@ class RunningProcess:
 
     def start(self, timeout_s: float = 60.0) -> None:
         self.process = localstack.spawn(self.component, self.log_path, env=self.env)
+        _started.append(self)
         process = self.process
 
         def ready_or_dead() -> bool:
@@ -133,6 +134,17 @@ class RunningProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+_started: list[RunningProcess] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_process_outlives_the_session() -> Iterator[None]:
+    """A test that fails between starting two processes must not leave the first running."""
+    yield
+    for proc in reversed(_started):
+        proc.stop()
 
 
 @pytest.fixture(scope="session")

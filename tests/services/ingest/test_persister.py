@@ -84,8 +84,10 @@ def test_killed_persister_loses_nothing_and_duplicates_nothing(
     log = tmp_path / "ingest.log"
     first = RunningProcess(component, log, env=settings_env(settings))
     first.start()
-    assert localstack.wait_until(lambda: _stored(db_path) > 0, 30, interval_s=0.02)
-    first.kill()
+    try:
+        assert localstack.wait_until(lambda: _stored(db_path) > 0, 30, interval_s=0.02)
+    finally:
+        first.kill()
     at_kill = _stored(db_path)
     assert at_kill < TOTAL, (
         "the backlog was gone before the kill; raise TOTAL so the kill lands mid-way"
