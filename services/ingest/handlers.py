@@ -26,17 +26,17 @@ log = logging.getLogger("tuneloop.ingest.handlers")
 def build_router(*, engine: Engine, routes: RoutingTable) -> NatsRouter:
     router = NatsRouter()
 
-    @bus.subscribe(router, SampleCaptured, service=SERVICE, batch=True, batch_size=256)
-    async def persist_samples(events: list[SampleCaptured]) -> None:
-        samples = [event.sample for event in events]
-
+    # One event per call, not FastStream's batch mode: with faststream 0.7.8 and nats-py 2.16
+    # the batch fetch loop dies on a plain asyncio.TimeoutError from a partial batch (it catches
+    # nats.errors.TimeoutError only) and the consumer stalls. The pull still fetches 32 at a time.
+    @bus.subscribe(router, SampleCaptured, service=SERVICE)
+    async def persist_sample(event: SampleCaptured) -> None:
         def store() -> int:
             with session_scope(engine) as session:
-                return insert_samples(session, samples)
+                return insert_samples(session, [event.sample])
 
         # The database call blocks; keep the event loop (and the gateway on it) free.
-        new = await asyncio.to_thread(store)
-        log.debug("persisted %d new of %d samples", new, len(samples))
+        await asyncio.to_thread(store)
 
     @bus.watch(router, DeploymentReady)
     async def route_deployment(event: DeploymentReady) -> None:

@@ -16,7 +16,7 @@ from shared.events import SampleCaptured
 from shared.settings import Settings
 from tests.plugins.infra import RunningProcess, make_settings, settings_env
 
-TOTAL = 6000
+TOTAL = 1200
 
 
 def _sample(i: int) -> Sample:
@@ -96,7 +96,7 @@ def test_killed_persister_loses_nothing_and_duplicates_nothing(
     second = RunningProcess(component, log, env=settings_env(settings))
     second.start()
     try:
-        assert localstack.wait_until(lambda: _stored(db_path) >= TOTAL, 60, interval_s=0.2), (
+        assert localstack.wait_until(lambda: _stored(db_path) >= TOTAL, 120, interval_s=0.2), (
             _stored(db_path)
         )
         # Give redeliveries a moment to (not) add anything.
