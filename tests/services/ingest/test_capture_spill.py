@@ -90,9 +90,9 @@ def test_calls_succeed_while_nats_is_away_and_no_sample_is_lost(
             private_nats.start()
             gateway = RunningProcess(component, tmp_path / "ingest.log", env=env)
             gateway.start()
-            assert localstack.wait_until(lambda: stored() == 1 + CALLS_WHILE_AWAY, 30), (
+            assert localstack.wait_until(lambda: stored() == 1 + CALLS_WHILE_AWAY, 90), (
                 gateway.log()[-3000:]
             )
-            assert localstack.wait_until(lambda: _spilled(settings) == 0, 10)
+            assert localstack.wait_until(lambda: _spilled(settings) == 0, 30)
         finally:
             gateway.stop()
