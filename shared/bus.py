@@ -171,15 +171,13 @@ def subscribe(
     max_deliver: int = 10,
     ack_wait_s: float = 60.0,
     batch_size: int = 32,
-    batch: bool = False,
 ) -> Callable[[Handler], Any]:
     """Decorator: consume `event_cls` from every tenant.
 
     JetStream events use a durable pull consumer named for the service, so more instances of a
     service share the work and a restarted one carries on where the last left off. The message
     is acked after the handler returns and nacked (redelivered, up to `max_deliver`) if it
-    raises. With `batch`, the handler receives a list of up to `batch_size` events (one
-    database transaction for many). Core-NATS events (presence) are a plain subscription.
+    raises. Core-NATS events (presence) are a plain subscription.
     """
     description = (event_cls.__doc__ or "").strip()
     if event_cls.stream is None:
@@ -191,7 +189,7 @@ def subscribe(
         event_cls.subject_pattern(),
         stream=JStream(event_cls.stream.name, declare=False),
         durable=durable,
-        pull_sub=PullSub(batch_size=batch_size, timeout=5.0, batch=batch),
+        pull_sub=PullSub(batch_size=batch_size, timeout=5.0),
         config=ConsumerConfig(
             durable_name=durable,
             max_deliver=max_deliver,
