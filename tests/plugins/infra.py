@@ -10,6 +10,7 @@ import os
 import random
 import signal
 import subprocess
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 
 from shared import localstack
 from shared.settings import Settings, load_settings
+from shared.storage import ObjectStore
 
 _handed_out: set[int] = set()
 
@@ -181,3 +183,11 @@ def private_nats(tmp_path: Path) -> Iterator[RunningProcess]:
     proc.start()
     yield proc
     proc.stop()
+
+
+@pytest.fixture
+def object_store(s3_server: RunningProcess, stack_settings: Settings) -> ObjectStore:
+    """A store on a bucket of the test's own on the session's S3 server, so tests never collide."""
+    store = ObjectStore.from_settings(stack_settings.s3, bucket=f"t-{uuid.uuid4().hex[:16]}")
+    store.ensure_bucket()
+    return store
