@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 from shared.chat import describe_errors
 from shared.tenancy import TenantId
 
-CONFIG_VERSION = 1
+CONFIG_VERSION: Literal[1] = 1
 
 
 class ConfigError(ValueError):
