@@ -1,0 +1,116 @@
+"""The cleaning pipeline: small steps run in a fixed order, each reporting what it removed or
+changed, then the split and eval decontamination.
+
+Order: cheap filters first, so the expensive steps see fewer samples; truncation before dedup,
+because cutting turns can make two samples equal; PII last, on what is left.
+
+    drop_empty -> flags -> min_score -> overlong -> dedup_exact -> dedup_near -> redact_pii
+    -> split -> decontaminate (train only)
+
+Samples are handled as the validated models they came in as; steps copy what they change
+(`model_copy`, no re-validation) and never re-parse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+# A module import: splitting imports cleaning.text, so this package is half-loaded then.
+from services.ingest import splitting
+from services.ingest.cleaning.basic import drop_empty, drop_overlong
+from services.ingest.cleaning.decontam import decontaminate
+from services.ingest.cleaning.dedup import dedup_exact, dedup_near
+from services.ingest.cleaning.flags import flag_samples
+from services.ingest.cleaning.pii import redact_samples
+from services.ingest.cleaning.report import CleaningReport, StepReport
+from services.ingest.cleaning.scoring import filter_by_score
+from services.ingest.cleaning.text import WordCache
+from services.ingest.cleaning.tokens import TokenCounter
+from services.ingest.dataset_spec import CleaningOptions, SplitOptions
+from shared.chat import Sample
+
+OnStep = Callable[[StepReport], None]
+_Step = Callable[[list[Sample]], tuple[list[Sample], StepReport]]
+
+
+def _steps(
+    options: CleaningOptions, counter: TokenCounter, words: WordCache, report: CleaningReport
+) -> list[_Step]:
+    def flags(samples: list[Sample]) -> tuple[list[Sample], StepReport]:
+        kept, step, flagged = flag_samples(
+            samples,
+            refusals=options.flag_refusals,
+            truncated=options.flag_truncated,
+            expect_json=options.expect_json,
+            keep=options.keep_flagged,
+        )
+        report.flagged = flagged
+        return kept, step
+
+    def pii(samples: list[Sample]) -> tuple[list[Sample], StepReport]:
+        kept, step, counts = redact_samples(samples)
+        report.pii = counts
+        return kept, step
+
+    steps: list[_Step] = []
+    if options.drop_empty:
+        steps.append(drop_empty)
+    steps.append(flags)
+    if (min_score := options.min_score) is not None:
+        steps.append(lambda s: filter_by_score(s, min_score, options.score_key))
+    if (max_tokens := options.max_tokens) is not None:
+        steps.append(lambda s: drop_overlong(s, max_tokens, options.overlong, counter))
+    if options.dedup_exact:
+        steps.append(dedup_exact)
+    if (threshold := options.near_dup_threshold) is not None:
+        steps.append(lambda s: dedup_near(s, threshold, words))
+    if options.redact_pii:
+        steps.append(pii)
+    return steps
+
+
+def clean(
+    samples: Sequence[Sample],
+    options: CleaningOptions,
+    *,
+    tokenizer: Any | None = None,
+    on_step: OnStep | None = None,
+    words: WordCache | None = None,
+) -> tuple[list[Sample], CleaningReport]:
+    """Run the cleaning steps; the result is ordered by (created_at, id) whatever the input
+    order. `tokenizer`: a Hugging Face tokenizer or a TokenCounter (None: approximate counts).
+    `on_step` is called after each step (progress events); `words` shares word hashes with a
+    later decontamination."""
+    current = sorted(samples, key=lambda s: (s.created_at, s.id))
+    report = CleaningReport(input_count=len(current), output_count=len(current))
+    for step in _steps(options, TokenCounter.of(tokenizer), words or WordCache(), report):
+        current, step_report = step(current)
+        report.add(step_report)
+        if on_step is not None:
+            on_step(step_report)
+    return current, report
+
+
+def clean_and_split(
+    samples: Sequence[Sample],
+    cleaning: CleaningOptions,
+    split_options: SplitOptions,
+    *,
+    tokenizer: Any | None = None,
+    on_step: OnStep | None = None,
+) -> tuple[list[Sample], list[Sample], CleaningReport]:
+    """clean, split, then remove train samples that overlap eval. Returns (train, eval, report)
+    with `report.input_count - report.removed == len(train) + len(eval)`. Raises SplitError
+    (a 4xx for the caller) when nothing is left or the eval size cannot be met."""
+    words = WordCache()
+    cleaned, report = clean(samples, cleaning, tokenizer=tokenizer, on_step=on_step, words=words)
+    train, eval_ = splitting.split(cleaned, split_options)
+    if (n := cleaning.decontaminate_ngram) is not None:
+        train, step = decontaminate(train, eval_, n, cleaning.decontaminate_max_df, words)
+        report.add(step)
+        if on_step is not None:
+            on_step(step)
+    report.train_count, report.eval_count = len(train), len(eval_)
+    report.output_count = len(train) + len(eval_)
+    return train, eval_, report

@@ -1,0 +1,195 @@
+"""What a dataset is built from and how: the body of `POST /v1/datasets`.
+
+Every model forbids unknown fields, so a typo (`sorce`, `cleaning.max_token`) is a 422 naming it
+instead of a silently ignored option.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Self
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from shared.chat import Provider, Sample, Source
+
+MetadataScalar = str | int | float | bool
+STRATIFY_FIELDS = ("model", "source", "provider")
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SampleFilter(_Spec):
+    """Which captured samples to take; every given criterion must match (AND), lists are OR
+    within themselves except `tags`, which must all be present."""
+
+    since: AwareDatetime | None = None
+    until: AwareDatetime | None = None
+    # Matches the answering model or the requested one (an alias like `gpt-4o` or its snapshot).
+    models: list[str] = Field(default_factory=list)
+    sources: list[Source] = Field(default_factory=list)
+    providers: list[Provider] = Field(default_factory=list)
+    tags: list[str] = Field(default_factory=list)
+    metadata: dict[str, MetadataScalar] = Field(default_factory=dict)
+    status: Literal["ok", "error"] | None = "ok"
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.since is not None and self.until is not None and self.since >= self.until:
+            raise ValueError("source.since must be before source.until")
+        return self
+
+    def matches(self, sample: Sample) -> bool:
+        """The reference semantics of the filter in Python (the store does the same in SQL)."""
+        response = sample.response
+        checks = (
+            self.since is None or sample.created_at >= self.since,
+            self.until is None or sample.created_at < self.until,
+            not self.sources or sample.source in self.sources,
+            not self.providers or (response is not None and response.provider in self.providers),
+            not self.models
+            or (
+                response is not None
+                and (response.model in self.models or response.model_requested in self.models)
+            ),
+            all(tag in sample.tags for tag in self.tags),
+            all(_same_scalar(sample.metadata.get(k), v) for k, v in self.metadata.items()),
+            self.status is None or (response.status if response else "ok") == self.status,
+        )
+        return all(checks)
+
+
+def _same_scalar(got: object, want: MetadataScalar) -> bool:
+    # True == 1 in Python; a metadata filter `{"vip": true}` must not match `{"vip": 1}`.
+    return type(got) is type(want) and got == want
+
+
+class CleaningOptions(_Spec):
+    """Which cleaning steps run and how; defaults are the recommended ones."""
+
+    drop_empty: bool = True
+    # Counted in tokens of the base model's tokenizer (see DatasetSpec.base_model).
+    max_tokens: int | None = Field(default=None, ge=1)
+    overlong: Literal["drop", "truncate"] = "drop"
+    dedup_exact: bool = True
+    # Estimated Jaccard similarity of word 3-gram shingles; None turns near-dup removal off.
+    near_dup_threshold: float | None = Field(default=0.9, gt=0.0, le=1.0)
+    # n of the word n-grams compared between train and eval; None turns decontamination off.
+    decontaminate_ngram: int | None = Field(default=13, ge=3, le=64)
+    # An n-gram found in more train samples than this is boilerplate (a shared system prompt or
+    # prompt template), not leaked eval content, and is ignored by decontamination.
+    decontaminate_max_df: int = Field(default=10, ge=1)
+    redact_pii: bool = True
+    flag_refusals: bool = True
+    flag_truncated: bool = True
+    # Auto-on for a sample whose request asked for JSON (params.response_format).
+    expect_json: bool = False
+    keep_flagged: bool = False
+    min_score: float | None = None
+    # A numeric metadata value under this key, else the last tag `<score_key>:<number>`.
+    score_key: str = Field(default="score", min_length=1)
+
+
+class SplitOptions(_Spec):
+    """How the cleaned samples are split into train and eval."""
+
+    # None: about 10% capped at 1,000; an int: that many; a float in (0, 1): that fraction.
+    eval_size: int | float | None = None
+    seed: int = 0
+    # "model", "source", "provider", "tag:<prefix>" or "metadata.<key>".
+    stratify_by: str | None = None
+
+    @field_validator("eval_size", mode="before")
+    @classmethod
+    def _not_bool(cls, value: object) -> object:
+        # pydantic would take `true` as the count 1.
+        if isinstance(value, bool):
+            raise ValueError("must be a count, a fraction in (0, 1) or null, not a boolean")
+        return value
+
+    @field_validator("eval_size")
+    @classmethod
+    def _eval_size(cls, value: int | float | None) -> int | float | None:
+        if isinstance(value, int) and value < 0:
+            raise ValueError("a count must be >= 0")
+        if isinstance(value, float) and not 0.0 < value < 1.0:
+            raise ValueError(f"a fraction must be in (0, 1), got {value}")
+        return value
+
+    @field_validator("stratify_by")
+    @classmethod
+    def _stratify_by(cls, value: str | None) -> str | None:
+        if value is None or value in STRATIFY_FIELDS:
+            return value
+        for prefix in ("tag:", "metadata."):
+            if value.startswith(prefix) and len(value) > len(prefix):
+                return value
+        raise ValueError(
+            f"{value!r} is not a stratification key: use model, source, provider, "
+            "tag:<prefix> or metadata.<key>"
+        )
+
+
+class DatasetSpec(_Spec):
+    """A dataset build request: where samples come from, how they are cleaned and split.
+
+    `source` and `file_ids` may both be given: the dataset is their union (deduplicated by
+    sample id). At least one of them must select something.
+    """
+
+    name: str = Field(min_length=1, max_length=200)
+    # Where the target base model's tokenizer lives (a local Hugging Face directory or an
+    # s3:// prefix); token counts and max_tokens use it. None: an approximate count (see
+    # services.ingest.cleaning.tokens).
+    base_model: str | None = Field(default=None, min_length=1)
+    source: SampleFilter | None = None
+    file_ids: list[str] = Field(default_factory=list)
+    cleaning: CleaningOptions = Field(default_factory=CleaningOptions)
+    split: SplitOptions = Field(default_factory=SplitOptions)
+
+    @field_validator("file_ids")
+    @classmethod
+    def _file_ids(cls, value: list[str]) -> list[str]:
+        for i, file_id in enumerate(value):
+            if not file_id.strip():
+                raise ValueError(f"file_ids[{i}] is empty")
+        if len(set(value)) != len(value):
+            raise ValueError("file_ids: the same file is listed twice")
+        return value
+
+    @model_validator(mode="after")
+    def _has_input(self) -> Self:
+        if self.source is None and not self.file_ids:
+            raise ValueError(
+                "source / file_ids: give a sample filter (source), uploaded file ids "
+                "(file_ids), or both"
+            )
+        return self
+
+
+def stratum_of(sample: Sample, stratify_by: str | None) -> str:
+    """The stratum a sample falls in for `SplitOptions.stratify_by` ("" when unknown)."""
+    if stratify_by is None:
+        return ""
+    response = sample.response
+    if stratify_by == "model":
+        return (response.model or response.model_requested or "") if response else ""
+    if stratify_by == "provider":
+        return response.provider if response else ""
+    if stratify_by == "source":
+        return sample.source
+    if stratify_by.startswith("tag:"):
+        prefix = stratify_by.removeprefix("tag:")
+        return next((t for t in sorted(sample.tags) if t.startswith(prefix)), "")
+    value = sample.metadata.get(stratify_by.removeprefix("metadata."))
+    return "" if value is None else repr(value)
+
+
+__all__ = [
+    "CleaningOptions",
+    "DatasetSpec",
+    "SampleFilter",
+    "SplitOptions",
+    "stratum_of",
+]
