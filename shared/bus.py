@@ -3,19 +3,26 @@
 Publishers and subscribers take an event *class* from shared.events, never a subject string, so
 producer and consumer cannot drift apart. JetStream events are published with the event id as
 `Nats-Msg-Id`, so a retried publish inside the stream's duplicate window is stored once.
+`consume_batches` is the high-volume alternative to `subscribe`: the same durable consumer,
+pulled in batches with nats-py, for handlers that gain from doing many events at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
+import nats.errors
 import nats.js.errors
 from faststream.middlewares import AckPolicy
 from faststream.nats import ConsumerConfig, DeliverPolicy, JStream, NatsBroker, NatsRouter, PullSub
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from tenacity import AsyncRetrying, RetryError, stop_after_delay, wait_exponential
@@ -149,12 +156,21 @@ async def publish(broker: NatsBroker, event: Event, *, timeout_s: float = 5.0) -
     """Publish an event on its own subject; JetStream events wait (up to `timeout_s`) for the
     stream's ack and raise when it does not come, so the caller can keep the event elsewhere."""
     headers = {"tuneloop-event": type(event).__name__, "tuneloop-schema": str(event.schema_version)}
+    # The event id doubles as FastStream's correlation id: it saves a uuid4 (a getrandom
+    # syscall) per message on the capture hot path and ties the message to its event in logs.
     if event.stream is None:
-        await broker.publish(event, subject=event.subject, headers=headers)
+        await broker.publish(
+            event, subject=event.subject, headers=headers, correlation_id=event.event_id
+        )
         return
     headers["Nats-Msg-Id"] = event.event_id
     await broker.publish(
-        event, subject=event.subject, headers=headers, stream=event.stream.name, timeout=timeout_s
+        event,
+        subject=event.subject,
+        headers=headers,
+        correlation_id=event.event_id,
+        stream=event.stream.name,
+        timeout=timeout_s,
     )
 
 
@@ -219,3 +235,235 @@ def watch(router: NatsRouter | NatsBroker, event_cls: type[E]) -> Callable[[Hand
         title=f"watch:{event_cls.__name__}",
         description=(event_cls.__doc__ or "").strip(),
     )
+
+
+# --- batched pull consumption -------------------------------------------------------------------
+
+
+class PoisonMessage(ValueError):
+    """Raised by a batch consumer's `decode` for a message no retry can fix (malformed, another
+    schema version): it is terminated, never redelivered, and the reason is logged."""
+
+
+T = TypeVar("T")
+Decode = Callable[[Msg], T]
+HandleBatch = Callable[[list[T]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """How a `BatchConsumer` pulls. `max_deliver` and `ack_wait_s` configure the durable
+    consumer only when it is created; an existing one keeps its own."""
+
+    batch_size: int = 256
+    fetch_timeout_s: float = 1.0
+    max_deliver: int = 10
+    ack_wait_s: float = 60.0
+    retry_delay_s: float = 1.0  # after a failed batch, and between attempts to subscribe
+
+
+def consume_batches(
+    broker: NatsBroker,
+    event_cls: type[Event],
+    *,
+    service: str,
+    decode: Decode[T],
+    handle: HandleBatch[T],
+    options: BatchOptions | None = None,
+) -> BatchConsumer[T]:
+    """A `BatchConsumer` of `event_cls` on the broker's connection, for `service`; `start()` it
+    once the broker is connected and `stop()` it before the broker stops (a service's
+    `ServiceRuntime.on_lifecycle` hooks do both)."""
+
+    def connection() -> NatsClient | None:
+        return broker.connection if broker.connection is not None else None
+
+    return BatchConsumer(
+        connection, event_cls, service=service, decode=decode, handle=handle, options=options
+    )
+
+
+class BatchConsumer(Generic[T]):
+    """A durable pull consumer of `event_cls` that hands messages to `handle` in batches.
+
+    FastStream 0.7.8's batch pull loop stalls (it catches nats.errors.TimeoutError, but nats-py
+    raises a plain asyncio.TimeoutError when a pull ends early), so this loop uses nats-py
+    directly, with the durable name and config `subscribe` gives the same (service, event): the
+    two are interchangeable on a running stream. Delivery stays at-least-once: every message of
+    a batch is acked after `handle` returns. When `handle` raises, each message is retried alone,
+    so one bad message cannot hold back the others; what still fails is nacked for redelivery
+    (up to `max_deliver`). `decode` runs per message; a `PoisonMessage` from it terminates that
+    message. `handle` must therefore be idempotent.
+    """
+
+    def __init__(
+        self,
+        connection: Callable[[], NatsClient | None],
+        event_cls: type[Event],
+        *,
+        service: str,
+        decode: Decode[T],
+        handle: HandleBatch[T],
+        options: BatchOptions | None = None,
+    ) -> None:
+        if event_cls.stream is None:
+            raise ValueError(f"{event_cls.__name__} is not stored in a stream")
+        self._connection = connection
+        self._event_cls = event_cls
+        self._stream = event_cls.stream.name
+        self._durable = durable_name(service, event_cls)
+        self._decode = decode
+        self._handle = handle
+        self.options = options or BatchOptions()
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._busy = False  # a batch is in hand: stop() lets it finish
+
+    async def start(self) -> None:
+        self._stopping.clear()
+        self._task = asyncio.create_task(self._run(), name=f"batches-{self._durable}")
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Finish the batch in hand (bounded), then stop. A batch cut off is redelivered."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        self._stopping.set()
+        if self._busy:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), timeout_s)
+        # Idle in a fetch (or past the deadline): cancel. Messages a cut-off fetch had already
+        # received are not acked, so the server delivers them again after the ack wait.
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                subscription = await self._subscribe()
+                await self._consume(subscription)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning(
+                    "%s: pull consumer failed (%s: %s); retrying in %.0fs",
+                    self._durable,
+                    type(exc).__name__,
+                    exc,
+                    self.options.retry_delay_s,
+                )
+                await self._pause()
+
+    async def _subscribe(self) -> JetStreamContext.PullSubscription:
+        connection = self._connection()
+        if connection is None or not connection.is_connected:
+            raise ConnectionError("NATS is not connected")
+        subject = self._event_cls.subject_pattern()
+        config = ConsumerConfig(
+            durable_name=self._durable,
+            max_deliver=self.options.max_deliver,
+            ack_wait=self.options.ack_wait_s,
+            filter_subject=subject,
+        )
+        return await connection.jetstream().pull_subscribe(
+            subject, durable=self._durable, stream=self._stream, config=config
+        )
+
+    async def _consume(self, subscription: JetStreamContext.PullSubscription) -> None:
+        try:
+            while not self._stopping.is_set():
+                try:
+                    messages = await subscription.fetch(
+                        self.options.batch_size, timeout=self.options.fetch_timeout_s
+                    )
+                except (TimeoutError, nats.errors.TimeoutError):
+                    continue  # nothing to do; both types, see the class docstring
+                self._busy = True
+                try:
+                    await self._process(messages)
+                finally:
+                    self._busy = False
+        finally:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
+    async def _process(self, messages: list[Msg]) -> None:
+        decoded: list[tuple[Msg, T]] = []
+        for message in messages:
+            try:
+                decoded.append((message, self._decode(message)))
+            except PoisonMessage as exc:
+                log.warning(
+                    "%s: message %s terminated, it can never be handled: %s",
+                    self._durable,
+                    _sequence(message),
+                    exc,
+                )
+                await message.term()
+        if not decoded:
+            return
+        try:
+            await self._handle([item for _, item in decoded])
+        except Exception as exc:
+            if len(decoded) == 1:
+                await self._retry_later(decoded[0][0], exc)
+                return
+            log.warning(
+                "%s: a batch of %d failed (%s: %s); handling its messages one by one",
+                self._durable,
+                len(decoded),
+                type(exc).__name__,
+                exc,
+            )
+            await self._one_by_one(decoded)
+            return
+        for message, _ in decoded:
+            await message.ack()
+
+    async def _one_by_one(self, decoded: list[tuple[Msg, T]]) -> None:
+        failed = False
+        for message, item in decoded:
+            try:
+                await self._handle([item])
+            except Exception as exc:
+                await self._retry_later(message, exc)
+                failed = True
+            else:
+                await message.ack()
+        if failed:
+            await self._pause()  # the database or a dependency may be away: do not spin
+
+    async def _retry_later(self, message: Msg, exc: Exception) -> None:
+        delivered = _delivered(message)
+        if delivered >= self.options.max_deliver:
+            outcome = f"delivery {delivered} was the last; the server drops it"
+        else:
+            outcome = "nacked for redelivery"
+        log.warning(
+            "%s: message %s failed (%s: %s); %s",
+            self._durable,
+            _sequence(message),
+            type(exc).__name__,
+            exc,
+            outcome,
+        )
+        await message.nak(delay=self.options.retry_delay_s)
+
+    async def _pause(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), self.options.retry_delay_s)
+
+
+def _sequence(message: Msg) -> str:
+    try:
+        return f"#{message.metadata.sequence.stream}"
+    except Exception:  # not a JetStream message (a test double); the subject still helps
+        return message.subject
+
+
+def _delivered(message: Msg) -> int:
+    try:
+        return int(message.metadata.num_delivered)
+    except Exception:
+        return 1

@@ -1,0 +1,206 @@
+"""bus.consume_batches against a real nats-server: batches, acks, retries, poison messages, and
+no stall when a pull comes back short or empty (FastStream 0.7.8's batch loop did stall)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+
+import pytest
+from faststream.nats import NatsBroker
+from nats.aio.msg import Msg
+
+from shared import bus
+from shared.events import JOBS, JobQueued
+from shared.settings import NatsSettings, Settings
+from tests.plugins.infra import RunningProcess
+
+FAST = bus.BatchOptions(batch_size=16, fetch_timeout_s=0.2, retry_delay_s=0.1)
+
+
+@pytest.fixture
+def nats_settings(nats_server: RunningProcess, stack_settings: Settings) -> NatsSettings:
+    return stack_settings.nats
+
+
+async def _started(settings: NatsSettings, service: str) -> NatsBroker:
+    broker = bus.make_broker(settings, service=service)
+    await bus.connect(broker, settings)
+    await bus.declare_streams(broker.connection.jetstream(), settings)
+    return broker
+
+
+async def _wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+
+def _decode_for(tenant: str) -> Callable[[Msg], JobQueued | None]:
+    """Events of this test's tenant; other tests' events on the shared server are skipped."""
+
+    def decode(message: Msg) -> JobQueued | None:
+        event = JobQueued.model_validate_json(message.data)
+        return event if event.tenant == tenant else None
+
+    return decode
+
+
+async def _publish(broker: NatsBroker, tenant: str, positions: range) -> None:
+    await asyncio.gather(
+        *(bus.publish(broker, JobQueued(tenant=tenant, job_id="j", position=p)) for p in positions)
+    )
+
+
+async def _consumer_state(broker: NatsBroker, service: str) -> tuple[int, int]:
+    """(messages not yet delivered, delivered but not acked) of the service's durable."""
+    info = await broker.connection.jetstream().consumer_info(
+        JOBS.name, bus.durable_name(service, JobQueued)
+    )
+    return info.num_pending or 0, info.num_ack_pending or 0
+
+
+async def _settled(broker: NatsBroker, service: str, timeout_s: float = 5.0) -> bool:
+    """True once every message was delivered and acked (acks follow the handler by a moment)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while await _consumer_state(broker, service) != (0, 0):
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+def _consumer(
+    broker: NatsBroker,
+    service: str,
+    decode: Callable[[Msg], JobQueued | None],
+    handle: Callable[[list[JobQueued | None]], Awaitable[None]],
+) -> bus.BatchConsumer[JobQueued | None]:
+    return bus.consume_batches(
+        broker, JobQueued, service=service, decode=decode, handle=handle, options=FAST
+    )
+
+
+async def test_events_arrive_in_batches_once_each_and_are_acked(
+    nats_settings: NatsSettings,
+) -> None:
+    tenant, service = f"t{uuid.uuid4().hex[:10]}", f"svc{uuid.uuid4().hex[:6]}"
+    broker = await _started(nats_settings, "batches")
+    batches: list[list[int]] = []
+
+    async def handle(events: list[JobQueued | None]) -> None:
+        batches.append([e.position for e in events if e is not None])
+
+    consumer = _consumer(broker, service, _decode_for(tenant), handle)
+    try:
+        await _publish(broker, tenant, range(40))  # a backlog before the consumer starts
+        await consumer.start()
+        await _wait_for(lambda: sum(map(len, batches)) >= 40)
+        # Quiet for several fetch timeouts (empty pulls), then more: the loop must still run.
+        await asyncio.sleep(1.0)
+        await _publish(broker, tenant, range(40, 43))
+        await _wait_for(lambda: sum(map(len, batches)) >= 43)
+        seen = [p for batch in batches for p in batch]
+        assert sorted(seen) == list(range(43))
+        assert max(map(len, batches)) > 1, batches  # the backlog came in batches
+        assert max(map(len, batches)) <= FAST.batch_size
+        assert await _settled(broker, service)
+    finally:
+        await consumer.stop()
+        await broker.stop()
+
+
+async def test_a_failing_batch_is_retried_message_by_message(
+    nats_settings: NatsSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One message that keeps failing does not hold back the rest; it is redelivered."""
+    tenant, service = f"t{uuid.uuid4().hex[:10]}", f"svc{uuid.uuid4().hex[:6]}"
+    broker = await _started(nats_settings, "batches")
+    stored: set[int] = set()
+    failures: list[int] = []
+
+    async def handle(events: list[JobQueued | None]) -> None:
+        positions = [e.position for e in events if e is not None]
+        if 3 in positions and len(failures) < 3:
+            failures.append(len(positions))
+            raise RuntimeError("row 3 violates a constraint")
+        stored.update(positions)
+
+    await _publish(broker, tenant, range(8))
+    consumer = _consumer(broker, service, _decode_for(tenant), handle)
+    caplog.set_level(logging.WARNING, logger="tuneloop.bus")
+    await consumer.start()
+    try:
+        await _wait_for(lambda: stored == set(range(8)))
+        assert failures[0] > 1  # the batch failed as a whole first...
+        assert 1 in failures  # ...then message 3 alone, while the others were stored
+        assert "nacked for redelivery" in caplog.text
+        assert "RuntimeError: row 3 violates a constraint" in caplog.text
+        assert await _settled(broker, service)
+    finally:
+        await consumer.stop()
+        await broker.stop()
+
+
+async def test_a_poison_message_is_terminated_with_its_reason(
+    nats_settings: NatsSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    tenant, service = f"t{uuid.uuid4().hex[:10]}", f"svc{uuid.uuid4().hex[:6]}"
+    broker = await _started(nats_settings, "batches")
+    handled: list[int] = []
+    decoded: list[int] = []
+
+    def decode(message: Msg) -> JobQueued | None:
+        event = _decode_for(tenant)(message)
+        if event is not None:
+            decoded.append(event.position)
+            if event.position == 1:
+                raise bus.PoisonMessage("position: 1 is not a position this consumer takes")
+        return event
+
+    async def handle(events: list[JobQueued | None]) -> None:
+        handled.extend(e.position for e in events if e is not None)
+
+    await _publish(broker, tenant, range(3))
+    consumer = _consumer(broker, service, decode, handle)
+    caplog.set_level(logging.WARNING, logger="tuneloop.bus")
+    await consumer.start()
+    try:
+        await _wait_for(lambda: sorted(handled) == [0, 2])
+        await asyncio.sleep(0.5)  # a nack or an expired ack would bring it back by now
+        assert decoded.count(1) == 1
+        assert "terminated" in caplog.text
+        assert "position: 1 is not a position this consumer takes" in caplog.text
+        assert await _settled(broker, service)
+    finally:
+        await consumer.stop()
+        await broker.stop()
+
+
+async def test_a_restarted_consumer_carries_on_from_the_durable(
+    nats_settings: NatsSettings,
+) -> None:
+    tenant, service = f"t{uuid.uuid4().hex[:10]}", f"svc{uuid.uuid4().hex[:6]}"
+    broker = await _started(nats_settings, "batches")
+    seen: list[int] = []
+
+    async def handle(events: list[JobQueued | None]) -> None:
+        seen.extend(e.position for e in events if e is not None)
+
+    first = _consumer(broker, service, _decode_for(tenant), handle)
+    await first.start()
+    try:
+        await _publish(broker, tenant, range(5))
+        await _wait_for(lambda: len(seen) >= 5)
+        await first.stop()
+        await _publish(broker, tenant, range(5, 9))  # while no one consumes
+        second = _consumer(broker, service, _decode_for(tenant), handle)
+        await second.start()
+        await _wait_for(lambda: len(seen) >= 9)
+        await second.stop()
+        assert sorted(seen) == list(range(9))
+    finally:
+        await first.stop()
+        await broker.stop()
