@@ -1,4 +1,4 @@
-"""Tables owned by the ingest service: captured samples and their tags.
+"""Tables owned by the ingest service: captured samples and their tags, uploaded files, datasets.
 
 The sample itself is stored whole as canonical JSON (`body`); the other columns exist to filter
 and page without parsing it. Tags get their own table so "every sample tagged X" is an index
@@ -61,3 +61,42 @@ class UploadedFile(SQLModel, table=True):
     # The import report (accepted, rejected lines with reasons, ...) once processed, as JSON.
     report: bytes | None = Field(default=None, sa_type=sa.LargeBinary)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class DatasetRow(SQLModel, table=True):
+    """A dataset build (POST /v1/datasets): its spec, where the build is, and its outcome.
+
+    The snapshot itself lives in object storage; this row says which version is the dataset's,
+    and it flips to `built` only after that version's commit marker is written.
+    """
+
+    __tablename__ = "ingest_datasets"
+    __table_args__ = (sa.Index("ix_ingest_datasets_tenant_created", "tenant", "created_at", "id"),)
+
+    id: str = Field(primary_key=True, max_length=40)
+    tenant: str = Field(max_length=63)
+    name: str = Field(max_length=200)
+    # The tokenizer the build counts tokens with (a local directory or s3:// prefix); None: an
+    # approximate count.
+    base_model: str | None = Field(default=None, max_length=1000)
+    # queued -> building -> built | failed
+    status: str = Field(default="queued", max_length=16)
+    # The request's DatasetSpec, as JSON.
+    spec: bytes = Field(sa_type=sa.LargeBinary)
+    # The build's latest step and the steps done so far, as JSON.
+    progress: bytes | None = Field(default=None, sa_type=sa.LargeBinary)
+    # Which worker holds the build and when it last said so: a build whose worker went quiet
+    # is taken over by the next delivery of its event.
+    claimed_by: str | None = Field(default=None, max_length=64)
+    heartbeat_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    attempts: int = 0
+    version: str | None = Field(default=None, max_length=128)
+    uri: str | None = Field(default=None, max_length=1000)
+    train_count: int | None = None
+    eval_count: int | None = None
+    stats: bytes | None = Field(default=None, sa_type=sa.LargeBinary)
+    report: bytes | None = Field(default=None, sa_type=sa.LargeBinary)
+    error: str | None = Field(default=None, max_length=2000)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
