@@ -11,6 +11,7 @@ lifespan, see shared.db.get_engine) or by overriding `shared.db.get_engine`; `re
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -290,6 +291,9 @@ class CachedAuthenticator:
     """`authenticate` with a short in-process memory, for the gateway's hot path.
 
     Only successes are remembered, for `ttl_s`; a revoked key stops working within that time.
+    `verify` (async) asks the database in a worker thread, one query per key however many calls
+    wait for it, so a cache miss never blocks the event loop; calling the object does the same
+    synchronously, for code that is not on the hot path.
     """
 
     def __init__(self, engine: Engine, *, ttl_s: float = 30.0, max_entries: int = 10_000) -> None:
@@ -297,16 +301,43 @@ class CachedAuthenticator:
         self._ttl_s = ttl_s
         self._max_entries = max_entries
         self._cache: dict[str, tuple[float, Principal]] = {}
+        self._pending: dict[str, asyncio.Future[Principal]] = {}
+
+    def cached(self, presented: str) -> Principal | None:
+        """The principal if this key was verified less than `ttl_s` ago, else None."""
+        hit = self._cache.get(hash_key(presented))
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        return None
 
     def __call__(self, presented: str) -> Principal:
+        return self.cached(presented) or self._remember(presented, self._lookup(presented))
+
+    async def verify(self, presented: str) -> Principal:
+        """The principal of `presented`; raises AuthError. The event loop never waits on SQL."""
+        hit = self.cached(presented)
+        if hit is not None:
+            return hit
         digest = hash_key(presented)
-        now = time.monotonic()
-        hit = self._cache.get(digest)
-        if hit is not None and hit[0] > now:
-            return hit[1]
+        pending = self._pending.get(digest)
+        if pending is None:
+            pending = asyncio.ensure_future(asyncio.to_thread(self._lookup, presented))
+            self._pending[digest] = pending
+            pending.add_done_callback(lambda done: self._settled(digest, done))
+        principal = await asyncio.shield(pending)
+        return self._remember(presented, principal)
+
+    def _settled(self, digest: str, done: asyncio.Future[Principal]) -> None:
+        self._pending.pop(digest, None)
+        if not done.cancelled():
+            done.exception()  # retrieved here: every waiter may have gone (cancelled)
+
+    def _lookup(self, presented: str) -> Principal:
         with session_scope(self._engine) as session:
-            principal = authenticate(session, presented)
+            return authenticate(session, presented)
+
+    def _remember(self, presented: str, principal: Principal) -> Principal:
         if len(self._cache) >= self._max_entries:
             self._cache.clear()  # rare; simpler than LRU bookkeeping on every hit
-        self._cache[digest] = (now + self._ttl_s, principal)
+        self._cache[hash_key(presented)] = (time.monotonic() + self._ttl_s, principal)
         return principal

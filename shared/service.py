@@ -8,11 +8,15 @@ JetStream streams, starts the subscribers and the presence heartbeat, and stops 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import logging
+import multiprocessing
 import os
+import signal
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -28,10 +32,11 @@ from shared.logs import configure_logging
 from shared.presence import Presence
 from shared.redact import register_secret
 from shared.settings import Settings, get_settings
-from shared.telemetry import setup_telemetry
+from shared.telemetry import Telemetry, setup_telemetry
 
 log = logging.getLogger("tuneloop.service")
 Hook = Callable[[], Awaitable[None]]
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class ServiceRuntime:
@@ -53,6 +58,7 @@ class ServiceRuntime:
         bus.subscribe(self.broker, ServiceHeartbeat, service=name)(self.presence.record)
         self.engine = db.make_engine(self.settings.database_url)
         self._lifecycle: list[tuple[Hook, Hook]] = []
+        self.telemetry: Telemetry | None = None  # set by build_app
 
     def on_lifecycle(self, start: Hook, stop: Hook) -> None:
         """Run `start` once the bus is up and `stop` (in reverse order) before it goes down."""
@@ -120,14 +126,30 @@ class ServiceRuntime:
 
         return router
 
-    def build_app(self, api: APIRouter, *, summary: str) -> FastAPI:
-        app = FastAPI(title=f"tuneloop {self.name}", summary=summary, lifespan=self.lifespan)
+    def build_app(
+        self,
+        api: APIRouter,
+        *,
+        summary: str,
+        untraced: Callable[[MutableMapping[str, Any]], bool] | None = None,
+    ) -> FastAPI:
+        """The service's app. `untraced(scope)` picks requests FastAPI makes no span for: a hot
+        path that counts its own metrics (the gateway's proxy routes), where a span per call
+        would cost more than the work it describes."""
+        app = FastAPI(
+            title=f"tuneloop {self.name}",
+            summary=summary,
+            lifespan=self.lifespan,
+            telemetry={"exclude": untraced},
+        )
         app.state.runtime = self
         app.state.db_engine = self.engine
         app.include_router(self._health_router())
         app.include_router(api)
         app.add_middleware(ServedBy, service=self.name)
-        setup_telemetry(self.name, otlp_endpoint=self.settings.telemetry.otlp_endpoint, app=app)
+        self.telemetry = setup_telemetry(
+            self.name, otlp_endpoint=self.settings.telemetry.otlp_endpoint, app=app
+        )
         return app
 
 
@@ -156,17 +178,50 @@ class ServedBy:
         await self.app(scope, receive, tagged)
 
 
-def run(name: str, app: FastAPI, settings: Settings | None = None) -> None:
-    """`python -m services.<name>`: serve the app with uvicorn on the service's port."""
-    settings = settings or get_settings()
+def _prepare_process(name: str, settings: Settings) -> None:
     configure_logging(name, level=settings.app.log_level, json=settings.app.log_json)
     register_secret(settings.s3.secret_key.get_secret_value())
     register_secret(settings.auth.admin_token.get_secret_value())
+
+
+def prepare_worker(name: str) -> None:
+    """For an app factory run by `run(..., workers=N)`: a worker process sets up logging and
+    redaction as the parent did, and dies with the parent (a SIGKILLed service leaves no
+    workers holding its port)."""
+    if multiprocessing.parent_process() is None:
+        return  # one process: run() did it
+    _prepare_process(name, get_settings())
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:  # the parent died before the line above
+            os._exit(1)
+
+
+def run(
+    name: str,
+    app: FastAPI | str,
+    settings: Settings | None = None,
+    *,
+    workers: int = 1,
+    access_log: bool = True,
+) -> None:
+    """`python -m services.<name>`: serve the app with uvicorn on the service's port.
+
+    `app` is the app, or the import string of a factory calling `prepare_worker` (required for
+    workers > 1: each worker process builds its own app and shares the listening socket).
+    `access_log=False` for a service whose hot path counts its requests in metrics instead.
+    """
+    settings = settings or get_settings()
+    _prepare_process(name, settings)
     uvicorn.run(
         app,
+        factory=isinstance(app, str),
+        workers=workers,
         host=settings.app.bind_host,
         port=settings.services.port_of(name),
         log_config=None,  # keep our structured, redacting handlers
         loop="uvloop",
+        http="httptools",
+        access_log=access_log,
         timeout_graceful_shutdown=10,
     )

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
-from services.ingest import forwarding, samples, traces, uploads
+from services.ingest import dataset_api, forwarding, samples, traces, uploads
 from services.ingest.errors import error_response
 from services.ingest.formats import UnknownFormat, check_format
 from services.ingest.gateway import GEMINI_ACTIONS
@@ -33,6 +33,8 @@ from shared import auth
 from shared.db import get_engine, session_scope
 
 router = APIRouter()
+# Datasets have their own module of routes (dataset_api.py).
+router.include_router(dataset_api.router)
 
 
 def get_ingest(request: Request) -> Ingest:

@@ -3,8 +3,12 @@
 from fastapi import FastAPI
 
 from services.ingest import api, handlers
+from services.ingest.datasets import DatasetWorker
+from services.ingest.fastpath import ProxyRoutes, is_proxy_call
 from services.ingest.state import Ingest
-from shared.service import ServiceRuntime
+from shared import bus
+from shared.events import Event
+from shared.service import ServiceRuntime, prepare_worker
 from shared.settings import Settings
 
 SERVICE = "ingest"
@@ -13,11 +17,35 @@ SERVICE = "ingest"
 def create_app(settings: Settings | None = None) -> FastAPI:
     runtime = ServiceRuntime(SERVICE, settings)
     ingest = Ingest.build(settings=runtime.settings, engine=runtime.engine, broker=runtime.broker)
-    runtime.include_router(handlers.build_router(engine=runtime.engine, routes=ingest.routes))
+
+    async def publish(event: Event) -> None:
+        await bus.publish(runtime.broker, event)
+
+    datasets = DatasetWorker(
+        engine=runtime.engine,
+        store=ingest.store,
+        s3=runtime.settings.s3,
+        publish=publish,
+        settings=ingest.settings,
+    )
+    runtime.include_router(
+        handlers.build_router(engine=runtime.engine, routes=ingest.routes, datasets=datasets)
+    )
     runtime.on_lifecycle(ingest.start, ingest.stop)
     app = runtime.build_app(
         api.router,
         summary="HTTP edge: the OpenAI/Anthropic/Gemini-compatible gateway, JSONL upload, OTLP trace receiver, sample store and dataset builder.",
+        untraced=is_proxy_call,
     )
+    # The proxy routes are answered ahead of FastAPI (api.py's routes document them).
+    assert runtime.telemetry is not None
+    app.add_middleware(ProxyRoutes, gateway=ingest.gateway, telemetry=runtime.telemetry)
     app.state.ingest = ingest
+    app.state.datasets = datasets
     return app
+
+
+def create_worker_app() -> FastAPI:
+    """The factory `python -m services.ingest` serves (one app per worker process)."""
+    prepare_worker(SERVICE)
+    return create_app()

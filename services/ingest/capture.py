@@ -13,11 +13,12 @@ import base64
 import contextlib
 import gzip
 import logging
+import os
 import time
 import zlib
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -52,11 +53,23 @@ class CapturedCall:
     tags: list[str] = field(default_factory=list)
 
     def to_record(self) -> dict[str, Any]:
-        record = asdict(self)
-        record["request_body"] = base64.b64encode(self.request_body).decode()
-        record["response_body"] = base64.b64encode(self.response_body).decode()
-        record["started_at"] = self.started_at.isoformat()
-        return record
+        # Field by field, not dataclasses.asdict: that deep-copies every value, and this runs
+        # for every proxied call (the journal line).
+        return {
+            "api": self.api,
+            "tenant": self.tenant,
+            "request_id": self.request_id,
+            "request_body": base64.b64encode(self.request_body).decode(),
+            "status": self.status,
+            "response_body": base64.b64encode(self.response_body).decode(),
+            "content_type": self.content_type,
+            "content_encoding": self.content_encoding,
+            "started_at": self.started_at.isoformat(),
+            "latency_ms": self.latency_ms,
+            "ttft_ms": self.ttft_ms,
+            "model_from_path": self.model_from_path,
+            "tags": self.tags,
+        }
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> CapturedCall:
@@ -128,6 +141,18 @@ def _exchange(
     )
 
 
+def process_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class SpillFile:
     """An append-only JSONL file of records that could not be processed yet."""
 
@@ -146,18 +171,32 @@ class SpillFile:
         return (self.path.exists() and self.path.stat().st_size > 0) or any(self._claimed())
 
     def _claimed(self) -> list[Path]:
-        return sorted(self.path.parent.glob(self.path.name + ".replaying-*"))
+        """Files claimed by this process, or by one that died before replaying them. With several
+        worker processes on one data dir, a live sibling's claim is its own to replay."""
+        mine = str(os.getpid())
+        claimed = []
+        for path in sorted(self.path.parent.glob(self.path.name + ".replaying-*")):
+            owner = path.name.rsplit(".replaying-", 1)[1].partition("-")[0]
+            if owner == mine or not (owner.isdigit() and process_alive(int(owner))):
+                claimed.append(path)
+        return claimed
 
     def claim(self) -> list[Path]:
         """Move the current file aside (new records go to a fresh one) and return every claimed file."""
         if self.path.exists() and self.path.stat().st_size > 0:
-            self.path.rename(self.path.with_name(f"{self.path.name}.replaying-{time.time_ns()}"))
+            aside = f"{self.path.name}.replaying-{os.getpid()}-{time.time_ns()}"
+            with contextlib.suppress(FileNotFoundError):  # a sibling process claimed it first
+                self.path.rename(self.path.with_name(aside))
         return self._claimed()
 
     @staticmethod
     def records(claimed: Path) -> list[dict[str, Any]]:
         records = []
-        for line in claimed.read_bytes().splitlines():
+        try:
+            data = claimed.read_bytes()
+        except FileNotFoundError:  # a dead owner's claim, replayed by a sibling just now
+            return []
+        for line in data.splitlines():
             with contextlib.suppress(orjson.JSONDecodeError):  # a torn last line from a crash
                 records.append(orjson.loads(line))
         return records

@@ -24,5 +24,19 @@ class IngestSettings(BaseSettings):
     max_body_bytes: int = Field(default=32 * 1024**2, ge=1024)
     # Captured calls waiting to be normalised and published; beyond this they go to the spill file.
     capture_queue_size: int = Field(default=10_000, ge=1)
+    # Worker processes sharing the port (uvicorn workers). Each has its own event loop, capture
+    # pipeline, journal segments and routing table; more than one suits a machine whose other
+    # cores are otherwise idle.
+    workers: int = Field(default=1, ge=1, le=64)
     # How long a verified API key is trusted without asking the database again.
     auth_cache_ttl_s: float = Field(default=30.0, ge=0)
+    # Dataset builds (datasets.py). JetStream redelivers a build's event when its worker has not
+    # said "still working" for this long (it says so every quarter of it), e.g. after a kill.
+    dataset_ack_wait_s: float = Field(default=60.0, ge=2.0)
+    dataset_max_deliver: int = Field(default=10, ge=1)
+    # A build interrupted by a passing failure (storage away) is retried after this long.
+    dataset_retry_delay_s: float = Field(default=10.0, ge=0)
+    # How long a build from files waits for their samples to reach the store before retrying.
+    dataset_file_wait_s: float = Field(default=60.0, ge=0)
+    # A pause after each build step: 0 in service; tests set it to stop a build at a known point.
+    dataset_step_pause_s: float = Field(default=0.0, ge=0)

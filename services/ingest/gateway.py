@@ -4,22 +4,27 @@ Every refusal is answered in the shape of the API family the caller speaks (serv
 so the official SDKs raise their usual exceptions: 401 for a missing or bad tuneloop key, 400 for
 an unreadable body, 404 for an unknown model, 413 for a body over the limit, 502 when the
 upstream cannot be reached.
+
+`Gateway.serve` is a raw ASGI handler: services.ingest.fastpath routes the proxy paths to it ahead
+of FastAPI, so a proxied call pays for no framework routing, dependency resolution or per-request
+span. `Gateway.handle` adapts it to a FastAPI route (the routes in api.py document the API).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from urllib.parse import parse_qsl
 
-import httpx
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from services.ingest.capture import CapturedCall
 from services.ingest.config import IngestSettings
 from services.ingest.errors import error_response, model_not_found
-from services.ingest.proxy import forward
+from services.ingest.proxy import Incoming, UpstreamClient, UpstreamUnreachable, forward, parse_tags
 from services.ingest.routing import Api, RoutingTable
 from shared.auth import (
     ACCEPTED_KEY_SOURCES,
@@ -33,6 +38,11 @@ from shared.auth import (
 log = logging.getLogger("tuneloop.ingest.gateway")
 
 GEMINI_ACTIONS = ("generateContent", "streamGenerateContent")
+_MISSING_KEY = f"missing tuneloop API key: send it as {ACCEPTED_KEY_SOURCES}"
+
+
+class BodyTooLarge(Exception):
+    pass
 
 
 class Gateway:
@@ -43,94 +53,175 @@ class Gateway:
         routes: RoutingTable,
         authenticator: CachedAuthenticator,
         capture: Callable[[CapturedCall], None],
+        served_by: str = "ingest",
     ) -> None:
         self.settings = settings
         self.routes = routes
-        self._authenticate = authenticator
+        self._authenticator = authenticator
         self._capture = capture
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(
-                settings.upstream_read_timeout_s, connect=settings.upstream_connect_timeout_s
-            ),
-            limits=httpx.Limits(
-                max_connections=settings.upstream_max_connections, max_keepalive_connections=128
-            ),
+        self._served_by = [(b"x-tuneloop-served-by", served_by.encode())]
+        self.client = UpstreamClient(
+            connect_timeout_s=settings.upstream_connect_timeout_s,
+            read_timeout_s=settings.upstream_read_timeout_s,
+            max_connections=settings.upstream_max_connections,
         )
 
     async def aclose(self) -> None:
         await self.client.aclose()
 
     def authenticate(self, request: Request) -> Principal:
-        """The caller's principal (cached); raises AuthError saying what is wrong."""
+        """The caller's principal (cached); raises AuthError saying what is wrong.
+
+        For the control-plane routes; the proxy path authenticates with `serve`'s async lookup,
+        which never touches the database on the event loop.
+        """
         key = presented_key(request)
         if key is None:
-            raise MissingKeyError(f"missing tuneloop API key: send it as {ACCEPTED_KEY_SOURCES}")
-        return self._authenticate(key)
-
-    def _tenant(self, request: Request, api: Api) -> str | Response:
-        key = presented_key(request)
-        if key is None:
-            return error_response(
-                api, 401, f"missing tuneloop API key: send it as {ACCEPTED_KEY_SOURCES}"
-            )
-        try:
-            return self._authenticate(key).tenant_id
-        except AuthError as exc:
-            return error_response(api, 401, str(exc))
-
-    async def _body(self, request: Request, api: Api) -> bytes | Response:
-        declared = request.headers.get("content-length")
-        limit = self.settings.max_body_bytes
-        if declared and declared.isdigit() and int(declared) > limit:
-            return error_response(
-                api, 413, f"request body of {declared} bytes is over the {limit}-byte limit"
-            )
-        body = await request.body()
-        if len(body) > limit:
-            return error_response(api, 413, f"request body is over the {limit}-byte limit")
-        return body
+            raise MissingKeyError(_MISSING_KEY)
+        return self._authenticator(key)
 
     async def handle(
         self, request: Request, *, api: Api, path: str, model: str | None = None
     ) -> Response:
+        """The proxied call as a Response for a FastAPI route; `serve` does the work (when
+        ProxyRoutes is in front, as in app.py, these routes only document the API)."""
+        return _Served(self, api=api, path=path, model=model)
+
+    async def serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        *,
+        api: Api,
+        path: str,
+        model: str | None = None,
+    ) -> None:
         """Proxy one call. `model` is given for Gemini (it is in the path); else read from the body."""
-        tenant = self._tenant(request, api)
-        if isinstance(tenant, Response):
-            return tenant
-        body = await self._body(request, api)
-        if isinstance(body, Response):
-            return body
-        if model is None:
-            model_or_error = _model_from_body(body, api)
-            if isinstance(model_or_error, Response):
-                return model_or_error
-            model = model_or_error
+        outcome = await self._prepare(scope, receive, api=api, model=model)
+        if isinstance(outcome, Response):
+            await self.refuse(outcome, scope, receive, send)
+            return
+        incoming, tenant, model = outcome
         route = self.routes.resolve(api, model)
         if route is None:
-            return model_not_found(api, model)
+            await self.refuse(model_not_found(api, model), scope, receive, send)
+            return
         try:
-            return await forward(
+            await forward(
                 client=self.client,
-                request=request,
-                body=body,
+                incoming=incoming,
                 route=route,
                 api=api,
-                path=path,
+                path=incoming.raw_path if api == "gemini" else path,
                 tenant=tenant,
+                receive=receive,
+                send=send,
+                response_headers=self._served_by,
                 capture=self._submit,
                 model_from_path=model if api == "gemini" else None,
             )
-        except httpx.HTTPError as exc:
-            log.warning("upstream %s unreachable: %s: %s", route.upstream, type(exc).__name__, exc)
-            return error_response(
-                api, 502, f"upstream {route.upstream} could not be reached ({type(exc).__name__})"
+        except UpstreamUnreachable as exc:
+            log.warning("upstream %s unreachable: %s", route.upstream, exc)
+            name = str(exc).partition(":")[0]
+            refusal = error_response(
+                api, 502, f"upstream {route.upstream} could not be reached ({name})"
             )
+            await self.refuse(refusal, scope, receive, send)
+
+    async def _prepare(
+        self, scope: Scope, receive: Receive, *, api: Api, model: str | None
+    ) -> tuple[Incoming, str, str] | Response:
+        """The call read and checked: (incoming, tenant, model), or the refusal to send."""
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        incoming = Incoming(
+            method=scope["method"],
+            raw_path=scope.get("raw_path", scope["path"].encode()).decode("latin-1"),
+            query=scope.get("query_string", b"").decode("latin-1"),
+            headers=headers,
+        )
+        key = _presented_key(headers, incoming.query)
+        if key is None:
+            return error_response(api, 401, _MISSING_KEY)
+        try:
+            tenant = (await self._authenticator.verify(key)).tenant_id
+        except AuthError as exc:
+            return error_response(api, 401, str(exc))
+        try:
+            incoming.body = await self._body(headers, receive)
+        except BodyTooLarge as exc:
+            return error_response(api, 413, str(exc))
+        if model is None:
+            model_or_error = _model_from_body(incoming.body, api)
+            if isinstance(model_or_error, Response):
+                return model_or_error
+            model = model_or_error
+        incoming.tags = parse_tags(headers)
+        return incoming, tenant, model
+
+    async def _body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
+        limit = self.settings.max_body_bytes
+        declared = next((v for k, v in headers if k == b"content-length"), b"")
+        if declared.isdigit() and int(declared) > limit:
+            raise BodyTooLarge(
+                f"request body of {declared.decode()} bytes is over the {limit}-byte limit"
+            )
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(f"request body is over the {limit}-byte limit")
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def refuse(self, response: Response, scope: Scope, receive: Receive, send: Send) -> None:
+        response.raw_headers += self._served_by
+        await response(scope, receive, send)
 
     def _submit(self, call: CapturedCall) -> None:
         try:
             self._capture(call)
         except Exception:  # capture must never hurt the call that was already answered
             log.exception("capture of call %s failed", call.request_id)
+
+
+class _Served(Response):
+    """A FastAPI route's answer that hands the connection to `Gateway.serve`."""
+
+    def __init__(self, gateway: Gateway, *, api: Api, path: str, model: str | None) -> None:
+        super().__init__()
+        self._gateway, self._api, self._path, self._model = gateway, api, path, model
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._gateway.serve(
+            scope, receive, send, api=self._api, path=self._path, model=self._model
+        )
+
+
+def _presented_key(headers: list[tuple[bytes, bytes]], query: str) -> str | None:
+    """`shared.auth.presented_key` on raw ASGI headers: Bearer, x-api-key, x-goog-api-key, ?key=."""
+    found: dict[bytes, bytes] = {}
+    for name, value in headers:
+        if name in (b"authorization", b"x-api-key", b"x-goog-api-key") and name not in found:
+            found[name] = value
+    scheme, _, credentials = found.get(b"authorization", b"").decode("latin-1").partition(" ")
+    if scheme.lower() == "bearer" and credentials.strip():
+        return credentials.strip()
+    for name in (b"x-api-key", b"x-goog-api-key"):
+        value = found.get(name, b"").decode("latin-1").strip()
+        if value:
+            return value
+    if "key=" not in query:
+        return None
+    query_key = dict(parse_qsl(query)).get("key", "").strip()
+    return query_key or None
 
 
 def _model_from_body(body: bytes, api: Api) -> str | Response:

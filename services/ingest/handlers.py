@@ -3,40 +3,68 @@
 - sample.captured -> the sample store (in batches, idempotently: a redelivered event is a no-op).
 - deployment.ready / deployment.stopped -> the gateway's routing table, so a model the hoster
   deployed is served behind the same base URL.
+- dataset.build_requested -> a dataset build (datasets.py), one at a time, kept alive while it runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
-from faststream.nats import NatsRouter
+from faststream.nats import NatsBroker, NatsRouter
+from faststream.nats.annotations import NatsMessage
+from nats.aio.msg import Msg
 from sqlalchemy.engine import Engine
 
+from services.ingest.datasets import DatasetWorker
 from services.ingest.routing import RoutingTable
-from services.ingest.samples import insert_samples
+from services.ingest.samples import BadSampleEvent, insert_rows, row_from_event
 from shared import bus
 from shared.db import session_scope
-from shared.events import DeploymentReady, DeploymentStopped, SampleCaptured
+from shared.events import (
+    DatasetBuildRequested,
+    DeploymentReady,
+    DeploymentStopped,
+    SampleCaptured,
+)
 
 SERVICE = "ingest"
 log = logging.getLogger("tuneloop.ingest.handlers")
 
 
-def build_router(*, engine: Engine, routes: RoutingTable) -> NatsRouter:
-    router = NatsRouter()
+def sample_persister(*, broker: NatsBroker, engine: Engine) -> bus.BatchConsumer[dict[str, Any]]:
+    """sample.captured -> the sample store, a batch (up to 256) per transaction: the durable
+    consumer FastStream's one-event subscriber used (state.py starts and stops it). Rows are
+    made from the event bytes (samples.row_from_event); a message that cannot be a row is
+    terminated with the reason logged; a failed insert is redelivered (idempotent)."""
 
-    # One event per call, not FastStream's batch mode: with faststream 0.7.8 and nats-py 2.16
-    # the batch fetch loop dies on a plain asyncio.TimeoutError from a partial batch (it catches
-    # nats.errors.TimeoutError only) and the consumer stalls. The pull still fetches 32 at a time.
-    @bus.subscribe(router, SampleCaptured, service=SERVICE)
-    async def persist_sample(event: SampleCaptured) -> None:
-        def store() -> int:
-            with session_scope(engine) as session:
-                return insert_samples(session, [event.sample])
+    def decode(message: Msg) -> dict[str, Any]:
+        try:
+            return row_from_event(message.data, message.subject)
+        except BadSampleEvent as exc:
+            raise bus.PoisonMessage(str(exc)) from None
 
+    def store(rows: list[dict[str, Any]]) -> int:
+        with session_scope(engine) as session:
+            return insert_rows(session, rows)
+
+    async def persist(rows: list[dict[str, Any]]) -> None:
         # The database call blocks; keep the event loop (and the gateway on it) free.
-        await asyncio.to_thread(store)
+        await asyncio.to_thread(store, rows)
+
+    # A batch takes milliseconds; a short ack wait brings back sooner what a killed process
+    # had fetched but not stored (it applies when the durable consumer is first created).
+    options = bus.BatchOptions(batch_size=256, ack_wait_s=30.0)
+    return bus.consume_batches(
+        broker, SampleCaptured, service=SERVICE, decode=decode, handle=persist, options=options
+    )
+
+
+def build_router(
+    *, engine: Engine, routes: RoutingTable, datasets: DatasetWorker | None = None
+) -> NatsRouter:
+    router = NatsRouter()
 
     @bus.watch(router, DeploymentReady)
     async def route_deployment(event: DeploymentReady) -> None:
@@ -53,4 +81,28 @@ def build_router(*, engine: Engine, routes: RoutingTable) -> NatsRouter:
             served_model_name=event.served_model_name, deployment_id=event.deployment_id
         )
 
+    if datasets is not None:
+        _subscribe_dataset_builds(router, datasets)
     return router
+
+
+def _subscribe_dataset_builds(router: NatsRouter, worker: DatasetWorker) -> None:
+    max_deliver = worker.settings.dataset_max_deliver
+
+    # One message per fetch: a second one waiting in the client behind a long build would pass
+    # its ack_wait there and be redelivered to another instance while this one still holds it.
+    @bus.subscribe(
+        router,
+        DatasetBuildRequested,
+        service=SERVICE,
+        ack_wait_s=worker.ack_wait_s,
+        max_deliver=max_deliver,
+        batch_size=1,
+    )
+    async def build_dataset(event: DatasetBuildRequested, msg: NatsMessage) -> None:
+        delivered = msg.raw_message.metadata.num_delivered or 1
+        retry_in = await worker.handle(
+            event, keepalive=msg.in_progress, last_delivery=delivered >= max_deliver
+        )
+        if retry_in is not None:
+            await msg.nack(delay=retry_in)

@@ -18,7 +18,7 @@ from typing import IO
 
 import orjson
 
-from services.ingest.capture import CapturedCall
+from services.ingest.capture import CapturedCall, process_alive
 
 Ticket = int  # the segment number a call was written to
 
@@ -87,9 +87,19 @@ class Journal:
         found = []
         for path in sorted(self.directory.glob("*-*.jsonl")):
             pid = int(path.name.split("-", 1)[0]) if path.name.split("-", 1)[0].isdigit() else -1
-            if pid != self._pid and not _alive(pid):
+            if pid != self._pid and not process_alive(pid):
                 found.append(path)
         return found
+
+    def adopt(self, orphan: Path) -> Path | None:
+        """Take an orphan segment over (renamed under this pid, so a sibling process does not
+        recover it too, and it is an orphan again if this process dies); None if one did."""
+        adopted = self.directory / f"{self._pid}-adopted-{orphan.name}"
+        try:
+            orphan.rename(adopted)
+        except FileNotFoundError:
+            return None
+        return adopted
 
     @staticmethod
     def calls(segment: Path) -> list[CapturedCall]:
@@ -100,15 +110,3 @@ class Journal:
                     CapturedCall.from_record(orjson.loads(line))
                 )  # a torn last line is skipped
         return calls
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

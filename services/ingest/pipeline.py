@@ -84,12 +84,15 @@ class CapturePipeline:
         """Calls a killed process had journaled but not finished are processed again."""
         if self._journal is None:
             return
-        for segment in self._journal.orphans():
+        for orphan in self._journal.orphans():
+            segment = self._journal.adopt(orphan)
+            if segment is None:
+                continue  # a sibling worker process is recovering it
             calls = self._journal.calls(segment)
             for call in calls:
                 await self.process(call)
             segment.unlink(missing_ok=True)
-            log.info("recovered %d captured calls from %s", len(calls), segment.name)
+            log.info("recovered %d captured calls from %s", len(calls), orphan.name)
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Finish what is queued (bounded), spill the rest, stop the workers."""
@@ -173,7 +176,7 @@ class CapturePipeline:
                 else:
                     await self.deliver(Sample.model_validate(record["payload"]))
                 count += 1
-            claimed.unlink()
+            claimed.unlink(missing_ok=True)  # a dead owner's claim may be replayed twice
         if count:
             log.info("replayed %d spilled capture records", count)
         return count

@@ -19,6 +19,9 @@ Api = Literal["openai", "anthropic", "gemini"]
 APIS: tuple[str, ...] = get_args(Api)
 
 
+_RESOLVED_MAX = 4096
+
+
 class RoutingConfigError(ValueError):
     """The upstreams file is wrong; the message names the entry and field."""
 
@@ -93,16 +96,23 @@ class RoutingTable:
     # Deployment ids that stopped. Ready and stopped events arrive on separate consumers, so at
     # start-up a deployment's "stopped" may be replayed before its "ready"; ids are never reused.
     stopped: set[str] = field(default_factory=set)
+    _resolved: dict[tuple[str, str], Route | None] = field(default_factory=dict, repr=False)
 
     def resolve(self, api: Api, model: str) -> Route | None:
         """The route for `model` in the `api` family, or None (the caller answers 404)."""
         if api == "openai" and model in self.deployments:
             deployment_id, base_url = self.deployments[model]
             return Route(f"deployment:{deployment_id}", "openai", base_url.rstrip("/"), None)
-        for upstream in self.upstreams:
-            if upstream.api == api and upstream.matches(model):
-                return upstream.route()
-        return None
+        key = (api, model)
+        if key in self._resolved:
+            return self._resolved[key]
+        route = next((u.route() for u in self.upstreams if u.api == api and u.matches(model)), None)
+        # Matching patterns costs more than the rest of routing; the upstreams file does not
+        # change while the process runs. Model names come from callers, so the memory is bounded.
+        if len(self._resolved) >= _RESOLVED_MAX:
+            self._resolved.clear()
+        self._resolved[key] = route
+        return route
 
     def add_deployment(
         self, *, served_model_name: str, deployment_id: str, endpoint_url: str

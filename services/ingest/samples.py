@@ -1,19 +1,23 @@
-"""The sample store: idempotent inserts, tenant-scoped reads with filters and keyset pagination."""
+"""The sample store: idempotent bulk inserts (also straight from sample.captured event bytes),
+tenant-scoped reads with filters and keyset pagination."""
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
+import orjson
 import sqlalchemy as sa
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlmodel import Session, col, select
+from sqlmodel import Session, SQLModel, col, select
 
 from services.ingest.models import SampleRow, SampleTag
-from shared.chat import Sample
+from shared.chat import SCHEMA_VERSION, Sample, Source
+from shared.events import SampleCaptured
+from shared.tenancy import is_tenant_id
 
 
 class SampleQuery(BaseModel):
@@ -40,10 +44,15 @@ class BadCursor(ValueError):
     pass
 
 
-def _insert(session: Session, table: type[Any]) -> Any:
+def _insert(session: Session, table: sa.Table) -> Any:
     dialect = session.get_bind().dialect.name
     module = postgresql if dialect == "postgresql" else sqlite
     return module.insert(table)
+
+
+def _table(model: type[SQLModel]) -> sa.Table:
+    table: sa.Table = model.__table__  # type: ignore[attr-defined]  # SQLModel sets it (table=True)
+    return table
 
 
 def _row(sample: Sample) -> dict[str, Any]:
@@ -59,36 +68,169 @@ def _row(sample: Sample) -> dict[str, Any]:
         "created_at": sample.created_at,
         "message_count": len(sample.messages),
         "body": sample.to_json_bytes(),
+        "tags": sample.tags,
     }
 
 
 def insert_samples(session: Session, samples: Sequence[Sample]) -> int:
     """Store samples idempotently: an id seen before changes nothing, unless the sample now has
     more messages (a conversation that grew), which replaces it. Returns rows written."""
-    if not samples:
+    return insert_rows(session, [_row(sample) for sample in samples])
+
+
+def insert_rows(session: Session, rows: Sequence[dict[str, Any]]) -> int:
+    """`insert_samples` for rows already made (`_row`, `row_from_event`): one executemany upsert
+    of the lot, committed once. Returns rows written."""
+    if not rows:
         return 0
-    latest: dict[str, Sample] = {}
-    for sample in samples:
-        kept = latest.get(sample.id)
-        if kept is None or len(sample.messages) > len(kept.messages):
-            latest[sample.id] = sample
-    insert = _insert(session, SampleRow).values([_row(s) for s in latest.values()])
-    grows = insert.excluded.message_count > SampleRow.message_count
+    latest: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        kept = latest.get(row["id"])
+        if kept is None or row["message_count"] > kept["message_count"]:
+            latest[row["id"]] = row
+    # Against the Table, not the ORM class, with the rows as executemany parameters: SQLAlchemy
+    # compiles the statement once (cached) and batches the VALUES itself; a .values(list) would
+    # build and compile a new statement with a bind parameter per cell every time.
+    table = _table(SampleRow)
+    insert = _insert(session, table)
     statement = insert.on_conflict_do_update(
         index_elements=["id"],
         set_={name: insert.excluded[name] for name in _REPLACED},
-        where=grows,
-    ).returning(SampleRow.id)
-    written = {row[0] for row in session.execute(statement)}
+        where=insert.excluded.message_count > table.c.message_count,
+    ).returning(table.c.id)
+    values = [{k: v for k, v in row.items() if k != "tags"} for row in latest.values()]
+    written = {row[0] for row in session.execute(statement, values)}
     tags = [
-        {"sample_id": s.id, "tag": tag, "tenant": s.tenant}
-        for s in latest.values()
-        for tag in set(s.tags)
+        {"sample_id": row["id"], "tag": tag, "tenant": row["tenant"]}
+        for row in latest.values()
+        for tag in set(row["tags"])
     ]
     if tags:
-        session.execute(_insert(session, SampleTag).values(tags).on_conflict_do_nothing())
+        session.execute(_insert(session, _table(SampleTag)).on_conflict_do_nothing(), tags)
     session.commit()
     return len(written)
+
+
+# --- rows straight from sample.captured events --------------------------------------------------
+
+
+class BadSampleEvent(ValueError):
+    """A sample.captured message the store cannot take; the text names the field."""
+
+
+_SOURCES = frozenset(get_args(Source))
+# Values of these keys are free-form JSON (a dict field), where a null is data, not "unset".
+_FREE_FORM = frozenset({"metadata", "parameters", "response_format", "tool_choice"})
+
+
+def row_from_event(data: bytes, subject: str) -> dict[str, Any]:
+    """A `SampleCaptured` message body -> the row `insert_rows` stores, without re-validating
+    the sample: every producer built it as a validated `Sample` (the edges validate), so this
+    checks what the store relies on (tenant, subject, versions, id, source, time, messages) and
+    compacts the JSON as `Sample.to_json_bytes` does. Raises BadSampleEvent naming the field."""
+    event = _object(_loads(data), "event")
+    tenant = event.get("tenant")
+    if not isinstance(tenant, str) or not is_tenant_id(tenant):
+        raise BadSampleEvent(f"tenant: {str(tenant)[:70]!r} is not a tenant id")
+    if subject != SampleCaptured.subject_for(tenant):
+        raise BadSampleEvent(f"subject {subject!r} is not the event tenant's ({tenant})")
+    if event.get("schema_version") != SampleCaptured.event_version:
+        raise BadSampleEvent(f"schema_version: {event.get('schema_version')!r} is not supported")
+    sample = _object(event.get("sample"), "sample")
+    if sample.get("tenant") != tenant:
+        raise BadSampleEvent(f"sample.tenant {sample.get('tenant')!r} differs from {tenant!r}")
+    if sample.get("schema_version") != SCHEMA_VERSION:
+        raise BadSampleEvent(f"sample.schema_version: {sample.get('schema_version')!r}")
+    messages = sample.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadSampleEvent("sample.messages: must be a non-empty array")
+    response = sample.get("response")
+    response = _object(response, "sample.response") if response is not None else {}
+    created_at = _time(sample.get("created_at"))
+    return {
+        "id": _text(sample, "id", "sample.id", required=True),
+        "tenant": tenant,
+        "source": _source(sample.get("source")),
+        "provider": _text(response, "provider", "sample.response.provider"),
+        "model": _text(response, "model", "sample.response.model")
+        or _text(response, "model_requested", "sample.response.model_requested"),
+        "status": _text(response, "status", "sample.response.status") or "ok",
+        "finish_reason": _text(response, "finish_reason", "sample.response.finish_reason"),
+        "created_at": created_at,
+        "message_count": len(messages),
+        "body": orjson.dumps(_compact(sample) | {"created_at": created_at}),
+        "tags": _tags(sample.get("tags")),
+    }
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise BadSampleEvent(f"event: not JSON ({exc})") from None
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise BadSampleEvent(f"{where}: must be an object")
+    return value
+
+
+def _text(obj: dict[str, Any], key: str, where: str, *, required: bool = False) -> str | None:
+    value = obj.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or (required and not value):
+        raise BadSampleEvent(f"{where}: must be a {'non-empty ' if required else ''}string")
+    return value
+
+
+def _source(value: Any) -> str:
+    if value not in _SOURCES:
+        raise BadSampleEvent(f"sample.source: {str(value)[:40]!r} is not one of {sorted(_SOURCES)}")
+    return str(value)
+
+
+def _time(value: Any) -> datetime:
+    try:
+        moment = datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise BadSampleEvent("sample.created_at: must be an ISO 8601 time with a zone")
+    return moment
+
+
+def _tags(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(tag, str) for tag in value):
+        raise BadSampleEvent("sample.tags: must be an array of strings")
+    return value
+
+
+def _compact(sample: dict[str, Any]) -> dict[str, Any]:
+    """The sample as `Sample.to_json_bytes` writes it: no nulls (except inside free-form
+    fields), and no empty per-message defaults."""
+    compact: dict[str, Any] = _no_nulls(sample)
+    for message in compact["messages"]:
+        if isinstance(message, dict):
+            for key in ("tool_calls", "reasoning"):
+                if message.get(key) == []:
+                    del message[key]
+            if message.get("is_error") is False:
+                del message["is_error"]
+    return compact
+
+
+def _no_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: (v if k in _FREE_FORM else _no_nulls(v)) for k, v in value.items() if v is not None
+        }
+    if isinstance(value, list):
+        return [_no_nulls(item) for item in value]
+    return value
 
 
 def encode_cursor(row: SampleRow) -> str:

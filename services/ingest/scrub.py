@@ -9,41 +9,43 @@ removed here.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from shared.chat import Message, Sample, TextPart
 from shared.redact import redact_text
 
+M = TypeVar("M", bound=BaseModel)
+
 
 def _scrub_message(message: Message) -> tuple[Message, bool]:
+    # Models are copied only where a text changed: nearly every message is clean, and copying
+    # each part of each sample cost more than the redaction itself.
     update: dict[str, Any] = {}
     content = [
-        part.model_copy(update={"text": redact_text(part.text)})
-        if isinstance(part, TextPart)
-        else part
-        for part in message.content
+        _redacted(part, "text") if isinstance(part, TextPart) else part for part in message.content
     ]
-    if any(
-        isinstance(old, TextPart) and new.text != old.text
-        for new, old in zip(content, message.content, strict=True)
-    ):
+    if any(new is not old for new, old in zip(content, message.content, strict=True)):
         update["content"] = content
-    calls = [
-        call.model_copy(update={"arguments": redact_text(call.arguments)})
-        for call in message.tool_calls
-    ]
-    if any(
-        new.arguments != old.arguments for new, old in zip(calls, message.tool_calls, strict=True)
-    ):
+    calls = [_redacted(call, "arguments") for call in message.tool_calls]
+    if any(new is not old for new, old in zip(calls, message.tool_calls, strict=True)):
         update["tool_calls"] = calls
-    reasoning = [
-        block.model_copy(update={"text": redact_text(block.text)}) for block in message.reasoning
-    ]
-    if any(new.text != old.text for new, old in zip(reasoning, message.reasoning, strict=True)):
+    reasoning = [_redacted(block, "text") for block in message.reasoning]
+    if any(new is not old for new, old in zip(reasoning, message.reasoning, strict=True)):
         update["reasoning"] = reasoning
     if message.refusal and (refusal := redact_text(message.refusal)) != message.refusal:
         update["refusal"] = refusal
     return (message.model_copy(update=update), True) if update else (message, False)
+
+
+def _redacted(model: M, field: str) -> M:
+    """`model` with `field` redacted: a copy when that changed something, else `model` itself."""
+    text = getattr(model, field)
+    if text is None:
+        return model
+    clean = redact_text(text)
+    return model if clean == text else model.model_copy(update={field: clean})
 
 
 def scrub_secrets(sample: Sample) -> Sample:

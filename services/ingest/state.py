@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 from faststream.nats import NatsBroker
 from sqlalchemy.engine import Engine
 
-from services.ingest import uploads
+from services.ingest import handlers, uploads
 from services.ingest.capture import SpillFile
 from services.ingest.config import IngestSettings
 from services.ingest.forwarding import service_urls
@@ -39,6 +40,8 @@ class Ingest:
     control_client: httpx.AsyncClient
     engine: Engine
     spool_dir: Path
+    # sample.captured -> the sample store, in batches (handlers.sample_persister).
+    persister: bus.BatchConsumer[Any]
     _file_tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     @classmethod
@@ -79,6 +82,7 @@ class Ingest:
             control_client,
             engine,
             spool_dir,
+            handlers.sample_persister(broker=broker, engine=engine),
         )
 
     def process_in_background(self, row: UploadedFile) -> None:
@@ -103,6 +107,7 @@ class Ingest:
         await asyncio.to_thread(self.store.wait_until_ready)
         await asyncio.to_thread(self.store.ensure_bucket)
         await self.pipeline.start()
+        await self.persister.start()
         for row in await asyncio.to_thread(self._unfinished_files):
             self.process_in_background(row)
 
@@ -112,5 +117,8 @@ class Ingest:
             task.cancel()
         await asyncio.gather(*self._file_tasks, return_exceptions=True)
         await self.pipeline.stop()
+        # Last: the pipeline still publishes while it drains; what is not stored stays queued
+        # in the stream for the next start.
+        await self.persister.stop()
         await self.gateway.aclose()
         await self.control_client.aclose()

@@ -219,6 +219,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per measured run")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of warm-up per target")
     parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=1,
+                        help="ingest worker processes (TUNELOOP_INGEST_WORKERS); LiteLLM runs 2")  # fmt: skip
     parser.add_argument("--litellm", type=Path, default=BENCH_VENV / "bin" / "litellm")
     parser.add_argument("--no-litellm", action="store_true", help="skip the baseline")
     parser.add_argument("--profile", type=Path, nargs="?", const=ROOT / ".tuneloop" / "bench-profile",
@@ -258,7 +260,10 @@ def main(argv: list[str] | None = None) -> None:
         settings = start_infra(stack, tmp)
         upstreams = tmp / "upstreams.yaml"
         upstreams.write_text(upstreams_yaml(upstream))
-        env = upstream_key_env() | {"TUNELOOP_INGEST_UPSTREAMS_FILE": str(upstreams)}
+        env = upstream_key_env() | {
+            "TUNELOOP_INGEST_UPSTREAMS_FILE": str(upstreams),
+            "TUNELOOP_INGEST_WORKERS": str(args.workers),
+        }
         ingest = start_ingest(stack, settings, tmp, env)
         targets = [
             Target("direct", upstream, f"Bearer {UPSTREAM_KEYS['openai']}"),
@@ -273,7 +278,10 @@ def main(argv: list[str] | None = None) -> None:
             except RuntimeError as exc:
                 missing = f"LiteLLM proxy did not start: {exc}"
                 console.print(f"[red]{missing}")
-        console.log(f"ready after {time.monotonic() - started:.0f}s; load generator: {generator}")
+        console.log(
+            f"ready after {time.monotonic() - started:.0f}s; tuneloop ingest with "
+            f"{args.workers} worker process(es); load generator: {generator}"
+        )
         bench = Bench(args, body, ingest)
         results = bench.run(targets)
         results.litellm_missing = missing

@@ -7,7 +7,9 @@ Agent traces (otlp_traces.py) are encoded as OTLP/JSON and as protobuf export re
 spans each, POSTed concurrently to `/v1/traces` of an ingest process (real NATS, S3, SQLite), and
 timed until every resulting sample is in the database. The baseline is
 `otlp.decode_export` + `genai_spans.spans_to_samples` on the same bodies in this process, so the
-ratio shows what the pipeline (HTTP, JetStream publish, persister, SQLite) costs on top.
+ratio shows what the pipeline (HTTP, JetStream publish, persister, SQLite) costs on top. The CPU
+time the ingest process used per run is reported too ("spans per service CPU s"): on a machine
+shared with other work the rates swing, the cost per span much less.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import httpx
 import orjson
+import psutil
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from rich.table import Table
 
@@ -66,6 +69,9 @@ class Pipeline:
     rejected_spans: int
     accepted_s: float  # first POST sent -> last export answered
     persisted_s: float  # first POST sent -> last sample in the database
+    # CPU seconds the ingest process (all its threads) used meanwhile: unlike the rates, this
+    # barely moves when other processes compete for the cores.
+    service_cpu_s: float
 
     @property
     def spans_per_s(self) -> float:
@@ -74,6 +80,11 @@ class Pipeline:
     @property
     def samples_per_s(self) -> float:
         return self.samples_persisted / self.persisted_s
+
+    @property
+    def spans_per_cpu_s(self) -> float:
+        """What one core of the service would sustain at this cost per span."""
+        return self.spans / self.service_cpu_s if self.service_cpu_s else 0.0
 
 
 def in_process(bodies: list[bytes], content_type: str) -> Baseline:
@@ -120,14 +131,27 @@ def through_service(
     ingest: Ingest, bodies: list[bytes], encoding: str, *, samples: int, concurrency: int
 ) -> Pipeline:
     before = ingest.count_samples("otlp")
+    service = psutil.Process(ingest.pid)
+    cpu_before = _cpu_s(service)
     start = time.monotonic()
     rejected = asyncio.run(_post_all(ingest, bodies, encoding, concurrency))
     accepted = time.monotonic()
     persisted, at = wait_for_count(
         lambda: ingest.count_samples("otlp") - before, samples, timeout_s=120
     )
+    cpu = _cpu_s(service) - cpu_before
     spans = samples * SPANS_PER_TRACE
-    return Pipeline(spans, samples, persisted, rejected, accepted - start, at - start)
+    return Pipeline(spans, samples, persisted, rejected, accepted - start, at - start, cpu)
+
+
+def _cpu_s(process: psutil.Process) -> float:
+    """User + system CPU seconds of the service and its worker processes (TUNELOOP_INGEST_WORKERS)."""
+    total = 0.0
+    for member in [process, *process.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = member.cpu_times()
+            total += times.user + times.system
+    return total
 
 
 def report(
@@ -136,7 +160,8 @@ def report(
     table = Table(title="OTLP spans -> persisted samples (same bodies, same run)")
     columns = ("format", "spans", "samples", "request body", "in-process decode+map spans/s",
                "answered spans/s", "persisted spans/s", "persisted samples/s",
-               "pipeline / in-process", f"goal >= {GOAL_SPANS_PER_S:,} spans/s")  # fmt: skip
+               "service CPU s", "spans per service CPU s", "pipeline / in-process",
+               f"goal >= {GOAL_SPANS_PER_S:,} spans/s")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="left" if column == "format" else "right")
     for encoding, run in pipelines.items():
@@ -151,6 +176,8 @@ def report(
             f"{run.spans / run.accepted_s:,.0f}",
             f"{run.spans_per_s:,.0f}",
             f"{run.samples_per_s:,.0f}",
+            f"{run.service_cpu_s:.1f}",
+            f"{run.spans_per_cpu_s:,.0f}",
             f"{run.spans_per_s / base.spans_per_s:.2f}x",
             "[green]met" if run.spans_per_s >= GOAL_SPANS_PER_S else
             f"[red]missed ({run.spans_per_s / GOAL_SPANS_PER_S:.2f}x of goal)",
@@ -230,7 +257,8 @@ def main(argv: list[str] | None = None) -> None:
                                   samples=baselines[encoding].samples, concurrency=args.concurrency)  # fmt: skip
             pipelines[encoding] = run
             console.log(f"service {encoding}: {run.spans_per_s:,.0f} spans/s persisted "
-                        f"({run.samples_persisted} samples in {run.persisted_s:.1f}s)")  # fmt: skip
+                        f"({run.samples_persisted} samples in {run.persisted_s:.1f}s, "
+                        f"{run.service_cpu_s:.1f} s of service CPU)")  # fmt: skip
         console.print(f"\nmachine: {os.cpu_count()} CPUs shared by the service, NATS, S3, SQLite "
                       "and this client (other processes may be running); samples counted in SQLite")  # fmt: skip
         report(baselines, pipelines, sizes)

@@ -1,6 +1,8 @@
 """Tenants and API keys: issuing, authenticating, revoking, isolation, and the FastAPI guards."""
 
+import asyncio
 import hashlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -8,7 +10,7 @@ import pytest
 from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
@@ -17,6 +19,7 @@ from shared.auth import (
     ApiKey,
     ApiKeyNotFoundError,
     AuthInputError,
+    CachedAuthenticator,
     MalformedKeyError,
     Principal,
     PrincipalDep,
@@ -305,3 +308,36 @@ def test_require_admin_wants_the_admin_bearer_token(
     else:
         assert expected in response.json()["detail"]
         assert ADMIN_TOKEN not in response.text
+
+
+# --- the gateway's cached, async authenticator ---------------------------------------------------
+
+
+def test_cached_verify_asks_the_database_once_off_the_event_loop(
+    db_engine: Engine, acme_key: tuple[ApiKey, str]
+) -> None:
+    key, plaintext = acme_key
+    lookups: list[int] = []  # the thread of each query on the keys table
+
+    def note(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "auth_api_keys" in statement:
+            lookups.append(threading.get_ident())
+
+    event.listen(db_engine, "before_cursor_execute", note)
+    authenticator = CachedAuthenticator(db_engine, ttl_s=60)
+
+    async def scenario() -> tuple[list[Principal], int]:
+        calls = [authenticator.verify(plaintext) for _ in range(20)]  # a burst on a cold cache
+        return list(await asyncio.gather(*calls)), threading.get_ident()
+
+    try:
+        principals, loop_thread = asyncio.run(scenario())
+        assert asyncio.run(authenticator.verify(plaintext)) == principals[0]  # cached now
+        with pytest.raises(UnknownKeyError):
+            asyncio.run(authenticator.verify(_tampered(plaintext)))
+    finally:
+        event.remove(db_engine, "before_cursor_execute", note)
+    assert principals == [Principal(tenant_id="acme", key_id=key.id)] * 20
+    assert len(lookups) == 2  # one for the burst and the cached call, one for the tampered key
+    assert loop_thread not in lookups
+    assert authenticator.cached(_tampered(plaintext)) is None  # failures are not remembered

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+from dataclasses import fields
 from datetime import UTC, datetime
 from pathlib import Path
 
+import orjson
 import pytest
 
 from services.ingest.capture import CapturedCall, Fidelity, SpillFile, to_exchange
@@ -87,6 +90,34 @@ def test_spill_records_round_trip_and_a_torn_last_line_is_skipped(tmp_path: Path
     assert len(records) == 1
     assert CapturedCall.from_record(records[0]["payload"]) == call
     assert not spill.path.exists()
+
+
+def test_a_record_carries_every_field_of_the_call() -> None:
+    call = _call("gemini", {"contents": []}, b"{}", "application/json")
+    call.ttft_ms, call.tags = 3.5, ["nightly", "eu"]
+    assert set(call.to_record()) == {f.name for f in fields(CapturedCall)}
+    assert CapturedCall.from_record(orjson.loads(orjson.dumps(call.to_record()))) == call
+
+
+def test_a_claim_of_a_live_sibling_process_is_left_to_it_and_a_dead_ones_is_taken(
+    tmp_path: Path,
+) -> None:
+    spill = SpillFile(tmp_path / "spill.jsonl")
+    record = {"kind": "call", "payload": {}}
+    sibling = tmp_path / f"spill.jsonl.replaying-{os.getppid()}-1"  # pytest's parent: alive
+    dead = tmp_path / f"spill.jsonl.replaying-{2**22 + 777}-2"  # above pid_max: no such process
+    for path in (sibling, dead):
+        path.write_bytes(orjson.dumps(record) + b"\n")
+    spill.append("sample", {"id": "s-1"})
+    claimed = spill.claim()
+    assert sibling not in claimed
+    assert dead in claimed
+    mine = [p for p in claimed if p != dead]
+    assert len(mine) == 1
+    assert f".replaying-{os.getpid()}-" in mine[0].name
+    assert spill.records(mine[0]) == [{"kind": "sample", "payload": {"id": "s-1"}}]
+    mine[0].unlink()
+    assert spill.records(mine[0]) == []  # gone (replayed by someone else): nothing, no error
 
 
 def test_fidelity_reports_per_source_and_bounds_distinct_reasons() -> None:

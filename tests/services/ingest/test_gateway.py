@@ -152,6 +152,36 @@ def test_refusals_come_in_each_providers_shape(edge: Edge) -> None:
     assert gemini.json()["error"]["status"] == "NOT_FOUND"
 
 
+def test_proxied_calls_say_who_served_them_and_are_counted_by_route(edge: Edge) -> None:
+    # The proxy routes are answered ahead of FastAPI (services/ingest/fastpath.py): they must
+    # still carry the served-by header and show up in the request counter by route template.
+    body = recorded("oa01_tool_calls_multiturn")["request"]["body"]
+    answer = httpx.post(
+        f"{edge.url}/v1/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {edge.key}"},
+    )
+    assert answer.status_code == 200
+    assert answer.headers["x-tuneloop-served-by"] == "ingest"
+    refused = httpx.post(
+        f"{edge.url}/v1beta/models/gemini-x:explode", json={}, headers={"x-goog-api-key": edge.key}
+    )
+    assert refused.headers["x-tuneloop-served-by"] == "ingest"
+
+    def counted() -> bool:
+        text = httpx.get(f"{edge.url}/metrics").text
+        return all(
+            any(line.startswith("http_server_requests_total{") and all(p in line for p in parts)
+                for line in text.splitlines())
+            for parts in (
+                ('route="/v1/chat/completions"', 'status="200"', 'method="POST"'),
+                ('route="/v1beta/models/{model_action}"', 'status="404"'),
+            )
+        )  # fmt: skip
+
+    assert localstack.wait_until(counted, 10, interval_s=0.2)
+
+
 def test_one_tenant_never_sees_anothers_samples(edge: Edge) -> None:
     mine = edge.wait_for_samples(1)
     assert edge.samples(key=edge.other_key) == []

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+import orjson
+
 from services.ingest.capture import CapturedCall
 from services.ingest.journal import Journal
 
@@ -52,3 +54,23 @@ def test_segments_of_a_dead_process_are_orphans_with_their_calls(tmp_path: Path)
     assert [call.request_id for call in journal.calls(orphan)] == ["req-1", "req-2"]
     # The live journal's own open segment is never handed back.
     assert not any(path.name.startswith(f"{journal._pid}-") for path in journal.orphans())
+
+
+def test_an_orphan_is_adopted_by_one_process_and_is_an_orphan_again_if_that_one_dies(
+    tmp_path: Path,
+) -> None:
+    dead_pid = 2**22 + 12346
+    orphan = tmp_path / f"{dead_pid}-0.jsonl"
+    orphan.write_bytes(orjson.dumps(_call(1).to_record()) + b"\n")
+    journal = Journal(tmp_path)
+    adopted = journal.adopt(orphan)
+    assert adopted is not None
+    assert adopted.name.startswith(f"{journal._pid}-adopted-")
+    # A sibling worker looking at the same directory finds nothing left to recover...
+    assert journal.adopt(orphan) is None
+    assert orphan not in journal.orphans()
+    assert adopted not in journal.orphans()
+    assert [call.request_id for call in journal.calls(adopted)] == ["req-1"]
+    # ...and if the adopter dies before finishing, its adopted segment is an orphan for the next.
+    dead_adopted = adopted.rename(tmp_path / f"{dead_pid + 1}-adopted-{orphan.name}")
+    assert journal.orphans() == [dead_adopted]

@@ -1,0 +1,116 @@
+"""The proxy routes, served ahead of FastAPI: the gateway's hot path as plain ASGI.
+
+A proxied call needs no framework routing, dependency resolution or per-request span, and on a
+small machine those cost more than the proxying itself. `ProxyRoutes` sits in front of the app,
+answers the three provider paths through `Gateway.serve`, and passes everything else on. Those
+calls are excluded from FastAPI's tracing (`is_proxy_call`); they are still counted in
+`http_server_requests_total` (by route template, in batches: one counter update per second and
+label set instead of one per call) and still carry `x-tuneloop-served-by`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import MutableMapping
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.ingest.errors import error_response
+from services.ingest.gateway import GEMINI_ACTIONS, Gateway
+from services.ingest.routing import Api
+from shared.telemetry import Telemetry
+
+OPENAI_PATH = "/v1/chat/completions"
+ANTHROPIC_PATH = "/v1/messages"
+GEMINI_PREFIX = "/v1beta/models/"
+GEMINI_TEMPLATE = "/v1beta/models/{model_action}"
+_FLUSH_S = 1.0
+
+
+def is_proxy_call(scope: MutableMapping[str, Any]) -> bool:
+    """True for the calls ProxyRoutes answers (FastAPI's telemetry `exclude` hook)."""
+    if scope.get("type") != "http" or scope.get("method") != "POST":
+        return False
+    path = scope.get("path", "")
+    return path in (OPENAI_PATH, ANTHROPIC_PATH) or _gemini_model_action(path) is not None
+
+
+def _gemini_model_action(path: str) -> str | None:
+    if not path.startswith(GEMINI_PREFIX):
+        return None
+    rest = path[len(GEMINI_PREFIX) :]
+    return rest if rest and "/" not in rest else None
+
+
+class ProxyRoutes:
+    def __init__(self, app: ASGIApp, gateway: Gateway, telemetry: Telemetry) -> None:
+        self.app = app
+        self.gateway = gateway
+        self.telemetry = telemetry
+        self._counts: Counter[tuple[str, int]] = Counter()
+        self._flush_pending = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        status = 500  # what the client gets when serving raises before responding
+
+        async def noting_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        if path in (OPENAI_PATH, ANTHROPIC_PATH):
+            api: Api = "openai" if path == OPENAI_PATH else "anthropic"
+            try:
+                await self.gateway.serve(scope, receive, noting_status, api=api, path=path)
+            finally:
+                self._count(path, status)
+            return
+        model_action = _gemini_model_action(path)
+        if model_action is None:
+            await self.app(scope, receive, send)
+            return
+        try:
+            await self._gemini(scope, receive, noting_status, model_action)
+        finally:
+            self._count(GEMINI_TEMPLATE, status)
+
+    async def _gemini(self, scope: Scope, receive: Receive, send: Send, model_action: str) -> None:
+        model, _, action = model_action.rpartition(":")
+        if not model or action not in GEMINI_ACTIONS:
+            refusal = error_response(
+                "gemini",
+                404,
+                f"unknown method {model_action!r}: use <model>:generateContent or :streamGenerateContent",
+            )
+            await self.gateway.refuse(refusal, scope, receive, send)
+            return
+        await self.gateway.serve(
+            scope, receive, send, api="gemini", path=f"{GEMINI_PREFIX}{model_action}", model=model
+        )
+
+    def _count(self, route: str, status: int) -> None:
+        self._counts[(route, status)] += 1
+        if not self._flush_pending:
+            self._flush_pending = True
+            asyncio.get_running_loop().call_later(_FLUSH_S, self.flush)
+
+    def flush(self) -> None:
+        """Add the calls counted since the last flush to the request counter."""
+        counts, self._counts, self._flush_pending = self._counts, Counter(), False
+        for (route, status), count in counts.items():
+            self.telemetry.requests.add(
+                count,
+                {
+                    "service": self.telemetry.service_name,
+                    "method": "POST",
+                    "route": route,
+                    "status": str(status),
+                },
+            )
