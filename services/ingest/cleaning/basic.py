@@ -49,11 +49,16 @@ def drop_overlong(
 ) -> tuple[list[Sample], StepReport]:
     """Samples longer than max_tokens are dropped, or truncated: whole trailing turns go until
     the sample fits and still ends with an assistant turn; one that cannot is dropped."""
-    counter.prime_samples(samples)
+    # Only samples that might be too long are tokenised: tokenising is most of this step's cost.
+    doubtful = {id(s) for s in samples if counter.upper_bound(s) > max_tokens}
+    counter.prime_samples([s for s in samples if id(s) in doubtful])
     kept: list[Sample] = []
     removed: Counter[str] = Counter()
     changed = 0
     for sample in samples:
+        if id(sample) not in doubtful:
+            kept.append(sample)
+            continue
         counts = counter.message_counts(sample)
         budget = max_tokens - counter.tools_count(sample)
         if sum(counts) <= budget:

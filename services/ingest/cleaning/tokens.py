@@ -121,6 +121,13 @@ class TokenCounter:
             for text in (*(message_string(m) for m in s.messages), tools_string(s))
         )
 
+    def upper_bound(self, sample: Sample) -> int:
+        """A count no tokenizer exceeds, from byte lengths alone: every subword token (byte-level
+        BPE, SentencePiece with byte fallback, WordPiece) covers at least one byte, plus one for
+        a leading word marker. A sample within budget by this bound needs no tokenising."""
+        total = sum(len(message_string(m).encode()) + 1 + self.per_message for m in sample.messages)
+        return total + (len(tools_string(sample).encode()) + 1 if sample.tools else 0)
+
     def message_counts(self, sample: Sample) -> list[int]:
         return [self.count(message_string(m)) + self.per_message for m in sample.messages]
 

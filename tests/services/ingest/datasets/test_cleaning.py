@@ -7,6 +7,8 @@ from collections import Counter
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.ingest.cleaning import CleaningReport, StepReport, TokenCounter, clean
 from services.ingest.cleaning.basic import drop_empty, drop_overlong
@@ -113,6 +115,29 @@ def test_overlong_samples_are_dropped_in_real_tokens(tiny_tokenizer) -> None:
     kept, report = drop_overlong([short, long], limit, "drop", counter)
     assert kept == [short]
     assert report.reasons == {"overlong": 1}
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts=st.lists(st.text(max_size=300), min_size=1, max_size=6))
+def test_the_byte_bound_is_never_below_the_real_count(tiny_tokenizer, texts) -> None:
+    # The overlong step skips tokenising samples within budget by this bound: it must hold
+    # for any text, emoji and control characters included.
+    counter = TokenCounter(tiny_tokenizer)
+    messages = [
+        Message(role="user" if i % 2 == 0 else "assistant", content=t) for i, t in enumerate(texts)
+    ]
+    sample = make_sample("x", messages=messages)
+    assert counter.upper_bound(sample) >= counter.sample_count(sample)
+
+
+def test_skipping_samples_within_the_bound_changes_no_decision(tiny_tokenizer) -> None:
+    samples = [make_sample(f"q{i}", n=i, messages=_conversation(1 + i % 4)) for i in range(24)]
+    counter = TokenCounter(tiny_tokenizer)
+    limit = sorted(counter.sample_count(s) for s in samples)[12]
+    fresh = TokenCounter(tiny_tokenizer)
+    kept, report = drop_overlong(samples, limit, "drop", fresh)
+    assert kept == [s for s in samples if counter.sample_count(s) <= limit]
+    assert report.removed == len(samples) - len(kept) > 0
 
 
 def test_token_counts_track_the_chat_template(tiny_tokenizer) -> None:
