@@ -86,7 +86,7 @@ async def gemini_generate(model_action: str, request: Request, ingest: IngestDep
 @router.post("/v1/traces", tags=["otlp"], summary="OTLP/HTTP trace export (protobuf or JSON, gzip)")
 async def otlp_traces(request: Request, ingest: IngestDep) -> Response:
     try:
-        tenant = ingest.gateway.authenticate(request).tenant_id
+        tenant = (await ingest.gateway.authenticate(request)).tenant_id
     except auth.AuthError as exc:
         return JSONResponse({"code": 16, "message": str(exc)}, status_code=401)
     body = await request.body()
@@ -116,9 +116,9 @@ async def otlp_traces(request: Request, ingest: IngestDep) -> Response:
 # --- uploads ----------------------------------------------------------------------------------
 
 
-def _principal(request: Request, ingest: Ingest) -> auth.Principal:
+async def _principal(request: Request, ingest: Ingest) -> auth.Principal:
     try:
-        return ingest.gateway.authenticate(request)
+        return await ingest.gateway.authenticate(request)
     except auth.AuthError as exc:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail=str(exc)) from None
 
@@ -133,7 +133,7 @@ async def upload_file(
     purpose: Annotated[str, Form()],
     format: Annotated[str, Form(description="auto, or one of the upload formats")] = "auto",
 ) -> dict[str, Any]:
-    principal = _principal(request, ingest)
+    principal = await _principal(request, ingest)
     if purpose not in uploads.PURPOSES:
         raise HTTPException(
             400, detail=f"purpose: {purpose!r} is not one of {', '.join(uploads.PURPOSES)}"
@@ -201,7 +201,7 @@ async def import_samples(
     import_id: Annotated[str | None, Query(max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")] = None,
 ) -> dict[str, Any]:
     """The body is read as it arrives. Re-sending with the same `import_id` stores nothing twice."""
-    principal = _principal(request, ingest)
+    principal = await _principal(request, ingest)
     try:
         check_format(format)
     except UnknownFormat as exc:

@@ -69,16 +69,14 @@ class Gateway:
     async def aclose(self) -> None:
         await self.client.aclose()
 
-    def authenticate(self, request: Request) -> Principal:
-        """The caller's principal (cached); raises AuthError saying what is wrong.
-
-        For the control-plane routes; the proxy path authenticates with `serve`'s async lookup,
-        which never touches the database on the event loop.
-        """
+    async def authenticate(self, request: Request) -> Principal:
+        """The caller's principal (cached; a miss asks the database in a worker thread, never
+        on the event loop); raises AuthError saying what is wrong. For the routes FastAPI
+        serves (uploads, traces, samples); the proxy path does the same inside `serve`."""
         key = presented_key(request)
         if key is None:
             raise MissingKeyError(_MISSING_KEY)
-        return self._authenticator(key)
+        return await self._authenticator.verify(key)
 
     async def handle(
         self, request: Request, *, api: Api, path: str, model: str | None = None
