@@ -257,8 +257,9 @@ def get_sample(sample_id: str, principal: auth.PrincipalDep, engine: EngineDep) 
     tags=["samples"],
     summary="Samples made, and what was rejected or dropped, by reason",
 )
-def fidelity(principal: auth.PrincipalDep, ingest: IngestDep) -> dict[str, Any]:
-    return ingest.pipeline.fidelity.report(principal.tenant_id)
+async def fidelity(principal: auth.PrincipalDep, ingest: IngestDep) -> dict[str, Any]:
+    """Totals over every ingest process since the first start, per source."""
+    return await ingest.fidelity.report(principal.tenant_id)
 
 
 # --- admin ------------------------------------------------------------------------------------

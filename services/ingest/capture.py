@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -205,16 +205,28 @@ class SpillFile:
 _MAX_REASONS = 10_000
 
 
+class FidelityDelta(NamedTuple):
+    tenant: str
+    source: str
+    kind: str  # samples | rejected | dropped
+    reason: str  # "" for samples
+    count: int
+
+
 @dataclass
 class Fidelity:
     """What each source made of its input: samples, and what was rejected or dropped, by reason.
 
-    Counted per process since start; `report` gives one tenant's view per source.
+    Counted in this process since the last `drain`; fidelity.py adds the drained counts to the
+    database's totals every few seconds, and `report` gives one tenant's unflushed view.
     """
 
     samples: Counter[tuple[str, str]] = field(default_factory=Counter)
     rejected: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     dropped: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+
+    def count_sample(self, tenant: str, source: str) -> None:
+        self.samples[(tenant, source)] += 1
 
     def count_rejected(self, tenant: str, source: str, reason: str) -> None:
         self._count(self.rejected, tenant, source, reason)
@@ -231,6 +243,23 @@ class Fidelity:
         if key not in counter and len(counter) >= _MAX_REASONS:
             key = (tenant, source, "(other reasons)")
         counter[key] += 1
+
+    def drain(self) -> list[FidelityDelta]:
+        """Every count as (tenant, source, kind, reason, n), and start again from zero."""
+        deltas = [FidelityDelta(t, s, "samples", "", n) for (t, s), n in self.samples.items()]
+        for kind, counter in (("rejected", self.rejected), ("dropped", self.dropped)):
+            deltas += [FidelityDelta(t, s, kind, r, n) for (t, s, r), n in counter.items()]
+        self.samples, self.rejected, self.dropped = Counter(), Counter(), Counter()
+        return deltas
+
+    def restore(self, deltas: list[FidelityDelta]) -> None:
+        """Put drained counts back (their flush failed), so none is lost."""
+        for d in deltas:
+            if d.kind == "samples":
+                self.samples[(d.tenant, d.source)] += d.count
+            else:
+                counter = self.rejected if d.kind == "rejected" else self.dropped
+                counter[(d.tenant, d.source, d.reason)] += d.count
 
     def report(self, tenant: str) -> dict[str, Any]:
         sources = {source for (t, source) in self.samples if t == tenant}

@@ -100,3 +100,17 @@ class DatasetRow(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class FidelityCount(SQLModel, table=True):
+    """Running totals of the fidelity report (fidelity.py), summed over every ingest process and
+    restart: each process adds what it counted since its last flush."""
+
+    __tablename__ = "ingest_fidelity"
+
+    tenant: str = Field(primary_key=True, max_length=63)
+    source: str = Field(primary_key=True, max_length=16)
+    # samples | rejected | dropped; `reason` is "" for samples.
+    kind: str = Field(primary_key=True, max_length=16)
+    reason: str = Field(primary_key=True, max_length=200)
+    count: int = Field(default=0, sa_type=sa.BigInteger)

@@ -159,7 +159,7 @@ class CapturePipeline:
             log.warning("sample %s spilled for replay: %s: %s", sample.id, type(exc).__name__, exc)
             self.spill.append("sample", sample.model_dump(mode="json"))
             return
-        self.fidelity.samples[(sample.tenant, sample.source)] += 1
+        self.fidelity.count_sample(sample.tenant, sample.source)
 
     async def deliver_many(self, samples: list[Sample], *, concurrency: int = 64) -> None:
         """Deliver a batch (an upload chunk, an OTLP request) with publishes in flight together."""

@@ -44,7 +44,8 @@ class BadCursor(ValueError):
     pass
 
 
-def _insert(session: Session, table: sa.Table) -> Any:
+def dialect_insert(session: Session, table: sa.Table) -> Any:
+    """An INSERT in the session's dialect (PostgreSQL or SQLite): both have ON CONFLICT."""
     dialect = session.get_bind().dialect.name
     module = postgresql if dialect == "postgresql" else sqlite
     return module.insert(table)
@@ -92,7 +93,7 @@ def insert_rows(session: Session, rows: Sequence[dict[str, Any]]) -> int:
     # compiles the statement once (cached) and batches the VALUES itself; a .values(list) would
     # build and compile a new statement with a bind parameter per cell every time.
     table = _table(SampleRow)
-    insert = _insert(session, table)
+    insert = dialect_insert(session, table)
     statement = insert.on_conflict_do_update(
         index_elements=["id"],
         set_={name: insert.excluded[name] for name in _REPLACED},
@@ -106,7 +107,7 @@ def insert_rows(session: Session, rows: Sequence[dict[str, Any]]) -> int:
         for tag in set(row["tags"])
     ]
     if tags:
-        session.execute(_insert(session, _table(SampleTag)).on_conflict_do_nothing(), tags)
+        session.execute(dialect_insert(session, _table(SampleTag)).on_conflict_do_nothing(), tags)
     session.commit()
     return len(written)
 

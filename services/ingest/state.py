@@ -14,6 +14,7 @@ from sqlalchemy.engine import Engine
 from services.ingest import handlers, uploads
 from services.ingest.capture import SpillFile
 from services.ingest.config import IngestSettings
+from services.ingest.fidelity import FidelityFlusher
 from services.ingest.forwarding import service_urls
 from services.ingest.gateway import Gateway
 from services.ingest.journal import Journal
@@ -42,6 +43,8 @@ class Ingest:
     spool_dir: Path
     # sample.captured -> the sample store, in batches (handlers.sample_persister).
     persister: bus.BatchConsumer[Any]
+    # The fidelity report's counts -> the database, every few seconds (fidelity.py).
+    fidelity: FidelityFlusher
     _file_tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     @classmethod
@@ -83,6 +86,7 @@ class Ingest:
             engine,
             spool_dir,
             handlers.sample_persister(broker=broker, engine=engine),
+            FidelityFlusher(pipeline.fidelity, engine),
         )
 
     def process_in_background(self, row: UploadedFile) -> None:
@@ -108,6 +112,7 @@ class Ingest:
         await asyncio.to_thread(self.store.ensure_bucket)
         await self.pipeline.start()
         await self.persister.start()
+        await self.fidelity.start()
         for row in await asyncio.to_thread(self._unfinished_files):
             self.process_in_background(row)
 
@@ -117,6 +122,7 @@ class Ingest:
             task.cancel()
         await asyncio.gather(*self._file_tasks, return_exceptions=True)
         await self.pipeline.stop()
+        await self.fidelity.stop()  # after the pipeline: its last samples are counted
         # Last: the pipeline still publishes while it drains; what is not stored stays queued
         # in the stream for the next start.
         await self.persister.stop()
