@@ -1,0 +1,416 @@
+"""The training loop: a job config in, an artifact (or a checkpoint to resume from) out.
+
+`run_training` reads top to bottom: set up (inputs, model + method, data, optimizer, schedule,
+resume), then one optimizer step per `StepBatch` (gradient accumulation with the loss of the
+step normalised by its label tokens across micro-batches and ranks), checkpoints on cadence and
+on a stop request (SIGTERM), and the final artifact. Checkpoint, report and artifact code lives
+beside it (checkpoints.py, reporter.py, artifacts.py), not inside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import random
+import shutil
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from services.trainer import distributed as dist_utils
+from services.trainer.artifacts import FinalArtifacts, write_final
+from services.trainer.checkpoints import (
+    STATE_FILE,
+    CheckpointError,
+    CheckpointStore,
+    NoCheckpoint,
+    load_model_weights,
+    load_training_state,
+    save_training_state,
+)
+from services.trainer.config import ConfigError, JobConfig
+from services.trainer.data import (
+    DataPosition,
+    DatasetError,
+    StepBatch,
+    TrainingData,
+    load_snapshot_samples,
+    tokenize_samples,
+)
+from services.trainer.distributed import DistContext
+from services.trainer.model_setup import (
+    autocast_dtype,
+    build_model,
+    build_optimizer,
+    build_scheduler,
+    check_model_dir,
+    count_parameters,
+    fetch_dir,
+    is_s3,
+    load_tokenizer,
+)
+from services.trainer.packing import token_loss
+from services.trainer.progress import ReportSender, StepClock, StepMetrics
+from services.trainer.rendering import IGNORE_INDEX
+from shared.reports import FailureReason
+from shared.settings import S3Settings
+from shared.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+
+
+class TrainingFailed(Exception):
+    """The run stopped without an artifact; `reason` is the report's failure reason."""
+
+    def __init__(
+        self, reason: FailureReason, message: str, last_checkpoint_uri: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.reason, self.message, self.last_checkpoint_uri = reason, message, last_checkpoint_uri
+
+
+class NonFiniteLoss(Exception):
+    """A step produced a NaN/inf loss or gradient; the optimizer did not apply it."""
+
+
+@dataclass
+class RunResult:
+    status: Literal["completed", "stopped"]  # stopped: a stop request, checkpointed
+    steps: int
+    history: list[dict[str, Any]]
+    artifact: FinalArtifacts | None = None
+    last_checkpoint_uri: str | None = None
+    resumed_from: str | None = None
+    data_stats: dict[str, Any] = field(default_factory=dict)
+
+
+OnStep = Callable[[StepMetrics], None]
+
+
+def run_training(
+    config: JobConfig,
+    *,
+    work_dir: Path,
+    stop: threading.Event | None = None,
+    on_step: OnStep | None = None,
+) -> RunResult:
+    """Train as the config says; TrainingFailed (already reported) when the run cannot finish.
+
+    `stop` is set by the SIGTERM handler: the current step finishes, a checkpoint is saved and
+    the result says "stopped". `on_step` sees every step's metrics (the CLI's progress bar).
+    """
+    ctx = dist_utils.init_distributed()
+    run = _Run(config, work_dir / f"rank-{ctx.rank}", ctx, stop or threading.Event(), on_step)
+    try:
+        return run.execute()
+    finally:
+        run.close()
+        dist_utils.shutdown(ctx)
+
+
+class _Run:
+    """One attempt: the set-up objects and the loop over steps."""
+
+    def __init__(
+        self,
+        config: JobConfig,
+        work_dir: Path,
+        ctx: DistContext,
+        stop: threading.Event,
+        on_step: OnStep | None,
+    ) -> None:
+        self.config, self.hp, self.ctx = config, config.hyperparameters, ctx
+        self.work_dir, self.stop, self.on_step = work_dir, stop, on_step
+        self.reports = ReportSender(config, enabled=ctx.is_main)
+        self.history: list[dict[str, Any]] = []
+        self.last_checkpoint: str | None = None
+        self.resumed_from: str | None = None
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def _setup_inputs(self) -> None:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        locations = [self.config.base_model, self.config.dataset, self.config.output.prefix]
+        locations += [self.config.resume_from or ""]
+        self.store = ObjectStore.from_settings(S3Settings()) if any(map(is_s3, locations)) else None
+        self.model_dir = fetch_dir(
+            self.config.base_model, self.work_dir / "base", self.store, field="base_model"
+        )
+        check_model_dir(self.model_dir, self.config.base_model)
+        self.tokenizer = load_tokenizer(self.model_dir)
+
+    def _setup_data(self) -> None:
+        samples = load_snapshot_samples(self.config.dataset, store=self.store, split="train")
+        examples, report = tokenize_samples(samples, self.tokenizer, self.hp)
+        if not examples:
+            raise DatasetError(
+                f"dataset: none of {report['samples']} samples can be trained on "
+                f"(dropped: {report['dropped']}; e.g. {report['drop_messages'][:2]})"
+            )
+        self.data = TrainingData(
+            examples,
+            self.hp,
+            pad_token_id=int(self.tokenizer.pad_token_id),
+            rank=self.ctx.rank,
+            world_size=self.ctx.world_size,
+        )
+        self.data_stats = {**self.data.stats, "dropped": report["dropped"]}
+        log.info("training data ready", extra={"data": self.data_stats})
+
+    def _setup_model(self) -> None:
+        _seed_everything(self.hp.seed)  # LoRA's initial weights come from the global RNG
+        self.model = build_model(self.config, self.model_dir, self.ctx.device)
+        params = count_parameters(self.model)
+        log.info(
+            "model ready",
+            extra={"trainable_params": params.trainable, "total_params": params.total},
+        )
+        self.optimizer = build_optimizer(self.model, self.hp)
+        self.scheduler = build_scheduler(self.optimizer, self.hp, self.data.total_steps)
+        self.autocast = autocast_dtype(self.hp, self.ctx.device)
+
+    def _setup_checkpoints(self) -> DataPosition:
+        """The checkpoint store, and where the data starts (after a resumed checkpoint)."""
+        self.checkpoints = CheckpointStore(
+            self.config.output.prefix, store=self.store, policy=self.config.checkpoints
+        )
+        start = DataPosition(0, 0)
+        if self.config.resume_from:
+            start = self._resume(self.config.resume_from)
+        # DDP after loading: it broadcasts rank 0's weights and keeps references to parameters.
+        self.train_model = dist_utils.wrap_model(self.model, self.ctx)
+        return start
+
+    def _resume(self, resume_from: str) -> DataPosition:
+        try:
+            uri = self.checkpoints.resolve(resume_from) if self.ctx.is_main else None
+        except NoCheckpoint:
+            if resume_from != "latest":
+                raise
+            uri = None
+            log.warning("resume_from=latest: no committed checkpoint yet, starting from step 0")
+        uri = dist_utils.broadcast_object(uri, self.ctx)
+        if uri is None:
+            return DataPosition(0, 0)
+        local = self.checkpoints.fetch(uri, self.work_dir / "resume")
+        _check_fingerprint(local, uri, self.config.fingerprint())
+        load_model_weights(local, self.model)
+        state = load_training_state(local, optimizer=self.optimizer, scheduler=self.scheduler)
+        shutil.rmtree(local, ignore_errors=True)
+        self.history = list(state.get("history", []))
+        self.resumed_from = self.last_checkpoint = uri
+        log.info("resumed", extra={"checkpoint": uri, "step": state["step"]})
+        return DataPosition(**state["position"])
+
+    # -- the loop -------------------------------------------------------------------------------
+    def execute(self) -> RunResult:
+        try:
+            self._setup_inputs()
+            self._setup_data()
+            self._setup_model()
+            start = self._setup_checkpoints()
+            self.reports.started(self.ctx, self.data.total_steps, self.resumed_from)
+            return self._train(start)
+        except Exception as exc:
+            failure = _classify(exc, self.last_checkpoint)
+            self.reports.failed(failure.reason, failure.message, failure.last_checkpoint_uri)
+            log.error("training failed: %s", failure.message, extra={"reason": failure.reason})
+            raise failure from exc
+
+    def _train(self, start: DataPosition) -> RunResult:
+        step = len(self.history)
+        window: list[float] = []  # losses since the last checkpoint: its "loss" metric
+        clock = StepClock()
+        for batch in self.data.steps(start):
+            metrics = self._train_step(batch, clock)
+            step = metrics.step
+            self.history.append(asdict(metrics))
+            window.append(metrics.loss)
+            self.reports.progress(metrics, clock.eta_s(step, self.data.total_steps))
+            if self.on_step is not None:
+                self.on_step(metrics)
+            stopping = dist_utils.any_across(self.stop.is_set(), self.ctx)
+            if stopping or step % self.config.checkpoints.every_n_steps == 0:
+                self._checkpoint(step, batch.next_position, window)
+                window = []
+            if stopping:
+                log.info("stop requested: checkpointed step %d, exiting", step)
+                dist_utils.barrier(self.ctx)
+                return self._result("stopped", step)
+        return self._finish(step, window)
+
+    def _train_step(self, batch: StepBatch, clock: StepClock) -> StepMetrics:
+        self.train_model.train()
+        scale = self.ctx.world_size / max(batch.step_label_tokens, 1)
+        loss_sum = 0.0
+        last = len(batch.micro_batches) - 1
+        for i, micro in enumerate(batch.micro_batches):
+            # DDP averages gradients over ranks at the last micro-batch; the scale undoes the
+            # average, so the step's gradient is that of (sum of token CE) / (step's tokens).
+            with self._no_sync(i != last):
+                loss_sum += self._micro_step(micro, scale)
+        grad_norm = self._clip_gradients()
+        loss_total, tokens = dist_utils.sum_across([loss_sum, float(batch.num_tokens)], self.ctx)
+        loss = loss_total / max(batch.step_label_tokens, 1)
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLoss(
+                f"step {batch.global_step + 1}: loss {loss}, grad norm {grad_norm}; "
+                "the update was not applied (learning rate too high? bad data?)"
+            )
+        learning_rate = float(self.scheduler.get_last_lr()[0])
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        step = batch.global_step + 1
+        return StepMetrics(
+            step=step,
+            total_steps=self.data.total_steps,
+            epoch=step / self.data.steps_per_epoch,
+            loss=loss,
+            learning_rate=learning_rate,
+            grad_norm=grad_norm,
+            tokens=int(tokens),
+            seconds=clock.lap(),
+        )
+
+    def _micro_step(self, micro: dict[str, torch.Tensor], scale: float) -> float:
+        inputs = {k: v.to(self.ctx.device) for k, v in micro.items() if k != "labels"}
+        labels = micro["labels"]
+        keep = labels != IGNORE_INDEX
+        with self._autocast():
+            # Vocabulary logits only where a label is: the lm_head is a fifth of a small
+            # model's compute, and full logits are the largest activation of the step.
+            logits = self.train_model(**inputs, logits_to_keep=keep.to(self.ctx.device)).logits
+        ce_sum, _ = token_loss(logits, labels[keep])
+        (ce_sum * scale).backward()
+        return float(ce_sum.detach())
+
+    def _clip_gradients(self) -> float:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        max_norm = self.hp.max_grad_norm if self.hp.max_grad_norm is not None else math.inf
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    def _no_sync(self, skip_sync: bool) -> contextlib.AbstractContextManager[Any]:
+        no_sync = getattr(self.train_model, "no_sync", None)
+        return no_sync() if skip_sync and no_sync is not None else contextlib.nullcontext()
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.ctx.device.type, dtype=self.autocast)
+
+    # -- checkpoints, artifact ------------------------------------------------------------------
+    def _state(self, step: int, position: DataPosition) -> dict[str, Any]:
+        return {
+            "state_version": STATE_VERSION,
+            "step": step,
+            "total_steps": self.data.total_steps,
+            "position": asdict(position),
+            "config_fingerprint": self.config.fingerprint(),
+            "job_id": self.config.job_id,
+            "attempt_id": self.config.attempt_id,
+            "history": self.history,
+        }
+
+    def _checkpoint(self, step: int, position: DataPosition, window: list[float]) -> None:
+        if self.ctx.is_main:
+            local = self.work_dir / "checkpoint" / f"step-{step:08d}"
+            shutil.rmtree(local, ignore_errors=True)
+            save_training_state(
+                local,
+                model=self.model,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                state=self._state(step, position),
+            )
+            metrics = {"loss": sum(window) / len(window)} if window else {}
+            uri = self.checkpoints.commit(local, step=step, metrics=metrics)
+            shutil.rmtree(local, ignore_errors=True)
+            self.reports.checkpoint_saved(step, uri, metrics)
+            self.last_checkpoint = uri
+        self.last_checkpoint = dist_utils.broadcast_object(self.last_checkpoint, self.ctx)
+
+    def _finish(self, step: int, window: list[float]) -> RunResult:
+        artifact = None
+        if self.ctx.is_main:
+            state = self._state(step, DataPosition(self.hp.epochs, 0))
+            state["resumed_from"] = self.resumed_from
+            artifact = write_final(
+                self.model,
+                self.tokenizer,
+                base_model=self.config.base_model,
+                base_dir=self.model_dir,
+                output_prefix=self.config.output.prefix,
+                merge=self.config.output.merge_weights,
+                quantized=self.config.method == "qlora",
+                state=state,
+                work_dir=self.work_dir,
+                store=self.store,
+            )
+            metrics = {"loss": sum(window) / len(window)} if window else {}
+            self.reports.completed(artifact, metrics, step)
+        dist_utils.barrier(self.ctx)
+        return self._result("completed", step, artifact)
+
+    def _result(
+        self,
+        status: Literal["completed", "stopped"],
+        step: int,
+        artifact: FinalArtifacts | None = None,
+    ) -> RunResult:
+        return RunResult(
+            status=status,
+            steps=step,
+            history=list(self.history),
+            artifact=artifact,
+            last_checkpoint_uri=self.last_checkpoint,
+            resumed_from=self.resumed_from,
+            data_stats=getattr(self, "data_stats", {}),
+        )
+
+    def close(self) -> None:
+        self.reports.close()
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)  # some libraries draw from numpy's legacy global generator
+    torch.manual_seed(seed)
+
+
+def _check_fingerprint(local: Path, uri: str, expected: str) -> None:
+    state = json.loads((local / STATE_FILE).read_text())
+    found = state.get("config_fingerprint")
+    if found != expected:
+        raise ConfigError(
+            f"resume_from: {uri} was written by a different job config (fingerprint {found}, "
+            f"this config {expected}): base_model, dataset, method, lora and hyperparameters "
+            "except max_steps must match"
+        )
+
+
+def _classify(exc: BaseException, last_checkpoint: str | None) -> TrainingFailed:
+    if isinstance(exc, TrainingFailed):
+        return exc
+    reason: FailureReason
+    if isinstance(exc, ConfigError | CheckpointError):
+        reason = "bad_config"
+    elif isinstance(exc, DatasetError):
+        reason = "bad_dataset"
+    elif isinstance(exc, NonFiniteLoss):
+        reason = "nan_loss"
+    elif isinstance(exc, torch.OutOfMemoryError):
+        reason = "oom"
+    else:
+        reason = "error"
+    message = str(exc) if reason != "error" else f"{type(exc).__name__}: {exc}"
+    return TrainingFailed(reason, message, last_checkpoint)
