@@ -13,6 +13,7 @@ is written beside its destination and renamed into place, so a reader never sees
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import uuid
@@ -24,6 +25,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from services.trainer.rendering import serving_template
 from shared.storage import ObjectStore
 
 FINAL_DIR = "final"
@@ -119,6 +121,9 @@ def write_final(
 ) -> FinalArtifacts:
     """Write and publish final/ (and final-merged/ on request); returns their URIs."""
     model.eval()
+    # The saved tokenizer renders conversations as training did (tools included).
+    tokenizer = copy.copy(tokenizer)
+    tokenizer.chat_template = serving_template(tokenizer)
     local = work_dir / "artifact"
     shutil.rmtree(local, ignore_errors=True)
     final_local = local / FINAL_DIR

@@ -255,6 +255,22 @@ def _template_shape(message: Message, out: dict[str, Any]) -> None:
         call["function"]["arguments"] = orjson.loads(call["function"]["arguments"])
 
 
+def serving_template(tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """The chat template a model trained here should be served with, so that serving renders
+    every conversation exactly as training did: the model's own, or, where training fell back to
+    CHATML_TOOLS_TEMPLATE for conversations with tools (SmolLM2), both joined on the same test
+    `Renderer` uses (tool definitions, a tool turn or a tool call present)."""
+    own = tokenizer.chat_template
+    if not isinstance(own, str) or _tools_template(tokenizer) != CHATML_TOOLS_TEMPLATE:
+        return own if isinstance(own, str) else None
+    return (
+        "{% set ns = namespace(tools=(tools is defined and tools)) %}"
+        "{% for m in messages %}{% if m.role == 'tool' or m.tool_calls %}"
+        "{% set ns.tools = true %}{% endif %}{% endfor %}"
+        f"{{% if ns.tools %}}{CHATML_TOOLS_TEMPLATE}{{% else %}}{own}{{% endif %}}"
+    )
+
+
 def _tools_template(tokenizer: PreTrainedTokenizerBase) -> str | None:
     """'native' when the model's template renders tool schemas and calls, our ChatML tools
     template when a ChatML template cannot (SmolLM2), else None (tool samples are refused)."""

@@ -4,6 +4,7 @@ tokenizer and on the real SmolLM2 tokenizer (whose template has no tools support
 from __future__ import annotations
 
 import copy
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,9 @@ from services.trainer.rendering import (
     RenderError,
     TokenizedExample,
     render_sample,
+    serving_template,
 )
-from shared.chat import Sample
+from shared.chat import Sample, to_openai_messages
 
 WEATHER_TOOL = {
     "name": "get_weather",
@@ -284,6 +286,31 @@ def test_smollm2_renders_plain_chats_with_its_own_template(
     assert labelled_runs(example, smollm2_tokenizer) == ["Paris.<|im_end|>", "Berlin.<|im_end|>"]
     # SmolLM2's own template adds its default system prompt.
     assert "named SmolLM" in smollm2_tokenizer.decode(example.input_ids)
+
+
+def test_the_serving_template_renders_as_training_did(
+    smollm2_tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    # The artifact's tokenizer carries serving_template: a model trained on tool samples with
+    # the fallback must see the same text at inference, and plain chats keep SmolLM2's own.
+    served = copy.copy(smollm2_tokenizer)
+    served.chat_template = serving_template(smollm2_tokenizer)
+    plain = make_sample(
+        [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]
+    )
+    for sample in (tool_sample(), plain):
+        trained = smollm2_tokenizer.decode(
+            render_sample(sample, smollm2_tokenizer, loss_on="all_assistant").input_ids
+        )
+        record = to_openai_messages(sample)
+        for message in record["messages"]:
+            for call in message.get("tool_calls", []):
+                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+        rendered = served.apply_chat_template(
+            record["messages"], tools=record.get("tools"), tokenize=False
+        )
+        assert rendered.rstrip("\n") == trained
+    assert serving_template(copy.copy(smollm2_tokenizer)) != smollm2_tokenizer.chat_template
 
 
 def test_token_across_the_start_of_an_answer_is_refused(tiny_tokenizer: Any) -> None:
