@@ -178,7 +178,8 @@ class ServedBy:
         await self.app(scope, receive, tagged)
 
 
-def _prepare_process(name: str, settings: Settings) -> None:
+def prepare_process(name: str, settings: Settings) -> None:
+    """Logging and secret redaction for a tuneloop process, before it does anything else."""
     configure_logging(name, level=settings.app.log_level, json=settings.app.log_json)
     register_secret(settings.s3.secret_key.get_secret_value())
     register_secret(settings.auth.admin_token.get_secret_value())
@@ -190,7 +191,7 @@ def prepare_worker(name: str) -> None:
     workers holding its port)."""
     if multiprocessing.parent_process() is None:
         return  # one process: run() did it
-    _prepare_process(name, get_settings())
+    prepare_process(name, get_settings())
     if sys.platform == "linux":
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() == 1:  # the parent died before the line above
@@ -212,7 +213,7 @@ def run(
     `access_log=False` for a service whose hot path counts its requests in metrics instead.
     """
     settings = settings or get_settings()
-    _prepare_process(name, settings)
+    prepare_process(name, settings)
     uvicorn.run(
         app,
         factory=isinstance(app, str),

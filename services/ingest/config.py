@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -28,6 +29,9 @@ class IngestSettings(BaseSettings):
     # pipeline, journal segments and routing table; more than one suits a machine whose other
     # cores are otherwise idle.
     workers: int = Field(default=1, ge=1, le=64)
+    # inline: every ingest process also stores captured samples; process: it leaves that to
+    # `python -m services.ingest.persister` copies (the gateway's loop then serves calls only).
+    persister: Literal["inline", "process"] = "inline"
     # How long a verified API key is trusted without asking the database again.
     auth_cache_ttl_s: float = Field(default=30.0, ge=0)
     # Dataset builds (datasets.py). JetStream redelivers a build's event when its worker has not

@@ -41,8 +41,9 @@ class Ingest:
     control_client: httpx.AsyncClient
     engine: Engine
     spool_dir: Path
-    # sample.captured -> the sample store, in batches (handlers.sample_persister).
-    persister: bus.BatchConsumer[Any]
+    # sample.captured -> the sample store, in batches (handlers.sample_persister); None when
+    # separate persister processes do it (IngestSettings.persister).
+    persister: bus.BatchConsumer[Any] | None
     # The fidelity report's counts -> the database, every few seconds (fidelity.py).
     fidelity: FidelityFlusher
     _file_tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -85,7 +86,9 @@ class Ingest:
             control_client,
             engine,
             spool_dir,
-            handlers.sample_persister(broker=broker, engine=engine),
+            handlers.sample_persister(broker=broker, engine=engine)
+            if ingest_settings.persister == "inline"
+            else None,
             FidelityFlusher(pipeline.fidelity, engine),
         )
 
@@ -111,7 +114,8 @@ class Ingest:
         await asyncio.to_thread(self.store.wait_until_ready)
         await asyncio.to_thread(self.store.ensure_bucket)
         await self.pipeline.start()
-        await self.persister.start()
+        if self.persister is not None:
+            await self.persister.start()
         await self.fidelity.start()
         for row in await asyncio.to_thread(self._unfinished_files):
             self.process_in_background(row)
@@ -125,6 +129,7 @@ class Ingest:
         await self.fidelity.stop()  # after the pipeline: its last samples are counted
         # Last: the pipeline still publishes while it drains; what is not stored stays queued
         # in the stream for the next start.
-        await self.persister.stop()
+        if self.persister is not None:
+            await self.persister.stop()
         await self.gateway.aclose()
         await self.control_client.aclose()

@@ -80,7 +80,9 @@ def workdir(keep: bool) -> Iterator[Path]:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def started(stack: contextlib.ExitStack, process: RunningProcess, timeout_s: float = 90) -> None:
+def launch_process(
+    stack: contextlib.ExitStack, process: RunningProcess, timeout_s: float = 90
+) -> None:
     """Start a process and register its stop, so it is stopped however the benchmark ends."""
     stack.callback(process.stop)
     process.start(timeout_s=timeout_s)
@@ -91,7 +93,7 @@ def start_infra(stack: contextlib.ExitStack, tmp: Path) -> Settings:
     settings = make_settings(tmp)
     for name in ("nats", "s3"):
         component = localstack.component(settings, name)
-        started(stack, RunningProcess(component, tmp / "logs" / f"{name}.log"))
+        launch_process(stack, RunningProcess(component, tmp / "logs" / f"{name}.log"))
     return settings
 
 
@@ -105,7 +107,7 @@ def start_ingest(
         tmp / "logs" / "ingest.log",
         env=settings_env(settings) | (env or {}),
     )
-    started(stack, process)
+    launch_process(stack, process)
     url = f"http://127.0.0.1:{settings.services.ingest_port}"
     db_path = Path(settings.database_url.removeprefix("sqlite:///"))
     return Ingest(url, tenant_key(url, "bench"), process, settings, db_path)

@@ -10,6 +10,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -191,3 +192,17 @@ def object_store(s3_server: RunningProcess, stack_settings: Settings) -> ObjectS
     store = ObjectStore.from_settings(stack_settings.s3, bucket=f"t-{uuid.uuid4().hex[:16]}")
     store.ensure_bucket()
     return store
+
+
+def persister_process(settings: Settings, log_path: Path) -> RunningProcess:
+    """`python -m services.ingest.persister` against these settings, ready once it consumes."""
+    component = localstack.Component(
+        name="ingest-persister",
+        argv=[sys.executable, "-m", "services.ingest.persister"],
+        ports=[],
+        address="",
+        ready=lambda: (
+            log_path.exists() and "persisting samples" in log_path.read_text("utf-8", "replace")
+        ),
+    )
+    return RunningProcess(component, log_path, env=settings_env(settings))

@@ -1,0 +1,41 @@
+"""`python -m services.ingest.persister`: the persister as a process of its own (real NATS and
+SQLite), for deployments whose gateway processes leave persisting to it."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+from shared import db, localstack
+from shared.settings import Settings
+from tests.plugins.infra import RunningProcess, make_settings, persister_process
+from tests.services.ingest.test_persister import TOTAL, _publish_backlog, _stored
+
+
+def test_a_separate_persister_stores_every_sample_once_and_stops_on_sigterm(
+    private_nats: RunningProcess,
+    s3_server: RunningProcess,
+    stack_settings: Settings,
+    tmp_path: Path,
+) -> None:
+    settings = make_settings(
+        tmp_path / "svc",
+        infra=stack_settings,
+        nats={
+            "port": private_nats.component.ports[0].number,
+            "monitor_port": private_nats.component.ports[1].number,
+        },
+    )
+    db.migrate(settings.database_url)
+    db_path = Path(settings.database_url.removeprefix("sqlite:///"))
+    asyncio.run(_publish_backlog(settings))  # TOTAL samples, one of them published twice
+    persister = persister_process(settings, tmp_path / "persister.log")
+    persister.start()
+    assert localstack.wait_until(lambda: _stored(db_path) == TOTAL, 60, interval_s=0.1), (
+        f"{_stored(db_path)} of {TOTAL} stored; log:\n{persister.log()[-2000:]}"
+    )
+    assert persister.process is not None
+    persister.process.send_signal(signal.SIGTERM)
+    assert persister.process.wait(15) == 0
+    assert _stored(db_path) == TOTAL  # the duplicate made no second row
