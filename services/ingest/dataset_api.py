@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
-from fastapi.responses import StreamingResponse
+from fastapi.responses import FileResponse
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
+from starlette.background import BackgroundTask
 
 from services.ingest import dataset_rows, dataset_select, snapshots
 from services.ingest.dataset_spec import DatasetSpec
@@ -153,7 +157,7 @@ def list_datasets(
 @router.get(
     "/v1/datasets/{dataset_id}/export",
     summary="The built dataset as an OpenAI chat fine-tuning JSONL file",
-    response_class=StreamingResponse,
+    response_class=FileResponse,
 )
 def export_dataset(
     dataset_id: str,
@@ -161,23 +165,26 @@ def export_dataset(
     engine: EngineDep,
     worker: WorkerDep,
     split: Literal["train", "eval"] = "train",
-) -> StreamingResponse:
+) -> FileResponse:
     row = _row(engine, principal.tenant_id, dataset_id)
     if row.status != "built" or row.uri is None:
         raise HTTPException(
             status.HTTP_409_CONFLICT, detail=f"dataset {dataset_id!r} is {row.status}, not built"
         )
-    train, evaluation, _ = snapshots.read_snapshot(worker.store, row.uri)
-    samples = train if split == "train" else evaluation
+    # Converted to a file before the first byte goes out, a line at a time: memory stays flat,
+    # and a sample OpenAI's format cannot express is a 422 naming it, not a file cut short.
+    work = Path(tempfile.mkdtemp(prefix="dataset-export-"))
     try:
-        # Converted before the first byte goes out: a sample OpenAI's format cannot express is
-        # a 422 naming it, not a file cut short under a 200.
-        lines = list(snapshots.export_openai_jsonl(samples))
+        snapshots.export_split_to_file(worker.store, row.uri, split, work / "export.jsonl")
     except ExportError as exc:
+        shutil.rmtree(work, ignore_errors=True)
         raise _unprocessable(f"dataset {dataset_id!r} cannot be exported: {exc}") from None
-    filename = f"{row.id}-{split}.jsonl"
-    return StreamingResponse(
-        iter(lines),
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return FileResponse(
+        work / "export.jsonl",
         media_type="application/jsonl",
-        headers={"content-disposition": f'attachment; filename="{filename}"'},
+        filename=f"{row.id}-{split}.jsonl",
+        background=BackgroundTask(shutil.rmtree, work, ignore_errors=True),
     )

@@ -148,17 +148,8 @@ def read_snapshot(
 
 
 def _read_jsonl(path: Path, uri: str) -> list[Sample]:
-    samples = []
     with path.open("rb") as lines:
-        for number, line in enumerate(lines, 1):
-            try:
-                samples.append(Sample.from_json_bytes(line))
-            except (ValidationError, orjson.JSONDecodeError) as exc:
-                detail = (
-                    "; ".join(describe_errors(exc)) if isinstance(exc, ValidationError) else exc
-                )
-                raise SnapshotError(f"{uri}{path.name}:{number}: {detail}") from None
-    return samples
+        return [_parse_line(line, uri, path.name, n) for n, line in enumerate(lines, 1)]
 
 
 def export_openai_jsonl(
@@ -174,6 +165,41 @@ def export_openai_jsonl(
             sample, include_reasoning=include_reasoning, resolve_ref=resolve_ref
         )
         yield orjson.dumps(record) + b"\n"
+
+
+def export_split_to_file(store: ObjectStore, uri: str, split: str, dest: Path) -> int:
+    """Write one split of a committed snapshot as OpenAI fine-tuning JSONL to `dest`, a line at
+    a time (memory stays flat however big the dataset); returns the line count. The split file
+    is checked against the manifest's sha256; ExportError names a sample OpenAI's format cannot
+    express, SnapshotError a bad line."""
+    name = TRAIN_FILE if split == "train" else EVAL_FILE
+    manifest = store.read_manifest(uri)
+    entry = next((f for f in manifest.files if f.path == name), None)
+    if entry is None:
+        raise SnapshotError(f"{uri}: the manifest lists no {name}")
+    source = dest.with_name(f"{dest.name}.source")
+    try:
+        stored = store.get_file(f"{uri.rstrip('/')}/{name}", source)
+        if stored.sha256 != entry.sha256:
+            raise SnapshotError(
+                f"{uri}{name}: sha256 {stored.sha256}, manifest says {entry.sha256}"
+            )
+        count = 0
+        with source.open("rb") as lines, dest.open("wb") as out:
+            for number, line in enumerate(lines, 1):
+                out.write(next(export_openai_jsonl([_parse_line(line, uri, name, number)])))
+                count += 1
+        return count
+    finally:
+        source.unlink(missing_ok=True)
+
+
+def _parse_line(line: bytes, uri: str, name: str, number: int) -> Sample:
+    try:
+        return Sample.from_json_bytes(line)
+    except (ValidationError, orjson.JSONDecodeError) as exc:
+        detail = "; ".join(describe_errors(exc)) if isinstance(exc, ValidationError) else exc
+        raise SnapshotError(f"{uri}{name}:{number}: {detail}") from None
 
 
 # --- stats ------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from services.ingest.snapshots import (
     SnapshotError,
     compute_stats,
     export_openai_jsonl,
+    export_split_to_file,
     read_snapshot,
     write_snapshot,
 )
@@ -105,6 +106,19 @@ def test_a_snapshot_round_trips_and_rebuilds_to_the_same_version(
     assert again.version == snapshot.version
     assert not again.created
     assert again.stats == snapshot.stats
+
+
+def test_a_split_exports_to_a_file_line_by_line(object_store: ObjectStore, tmp_path: Path) -> None:
+    snapshot = _build(_samples(), object_store)
+    train, eval_, _ = read_snapshot(object_store, snapshot.uri)
+    for split, samples in (("train", train), ("eval", eval_)):
+        dest = tmp_path / f"{split}.jsonl"
+        assert export_split_to_file(object_store, snapshot.uri, split, dest) == len(samples)
+        assert dest.read_bytes() == b"".join(export_openai_jsonl(samples))
+    # A split file that no longer matches the manifest is refused, not exported.
+    object_store.put_bytes(f"{snapshot.uri}train.jsonl", b"{}\n")
+    with pytest.raises(SnapshotError, match="sha256"):
+        export_split_to_file(object_store, snapshot.uri, "train", tmp_path / "bad.jsonl")
 
 
 def test_a_committed_version_is_never_rewritten(object_store: ObjectStore) -> None:
