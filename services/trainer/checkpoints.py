@@ -15,7 +15,7 @@ import json
 import logging
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,13 +114,25 @@ def _as_python_state(value: Any) -> tuple[Any, ...]:
 
 
 def save_training_state(
-    local_dir: Path, *, model: Any, optimizer: Any, scheduler: Any | None, state: dict[str, Any]
+    local_dir: Path,
+    *,
+    model: Any,
+    optimizer: Any,
+    scheduler: Any | None,
+    state: dict[str, Any],
+    model_state: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> None:
     """Write a checkpoint's files into local_dir (created if absent).
 
-    `model` is the unwrapped model (not DDP/FSDP's wrapper): a PEFT model saves its adapter dir,
+    `model` is the unwrapped model (not DDP's wrapper): a PEFT model saves its adapter dir,
     a plain one its full weights. `state` is the loop's JSON-serialisable trainer state (step,
     epoch, data position, config fingerprint, metrics, loss history).
+
+    A sharded (FSDP2) model holds only its rank's shards: the caller gathers the whole tensors
+    first (`distributed.gather_state`, a collective) and passes them as `model_state` (given to
+    `save_pretrained`, which keeps a PEFT model's adapter keys) and `optimizer_state` (in
+    `optimizer.state_dict()` form), so the files are the same as a single process writes.
     """
     try:
         state_json = json.dumps(state, indent=2, sort_keys=True)
@@ -129,8 +141,12 @@ def save_training_state(
             f"{STATE_FILE}: trainer state is not JSON-serialisable: {exc}"
         ) from None
     local_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(local_dir / MODEL_DIR)
-    torch.save(optimizer.state_dict(), local_dir / OPTIMIZER_FILE)
+    if model_state is None:
+        model.save_pretrained(local_dir / MODEL_DIR)
+    else:
+        model.save_pretrained(local_dir / MODEL_DIR, state_dict=model_state)
+    optimizer_state = optimizer.state_dict() if optimizer_state is None else optimizer_state
+    torch.save(optimizer_state, local_dir / OPTIMIZER_FILE)
     if scheduler is not None:
         torch.save(scheduler.state_dict(), local_dir / SCHEDULER_FILE)
     torch.save(capture_rng_state(), local_dir / RNG_FILE)
@@ -145,12 +161,17 @@ def _torch_load(path: Path) -> Any:
 
 
 def load_training_state(
-    local_dir: Path, *, optimizer: Any, scheduler: Any | None
+    local_dir: Path,
+    *,
+    optimizer: Any,
+    scheduler: Any | None,
+    load_optimizer: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Restore optimizer, scheduler and RNG states; return the trainer state dict.
 
     Model weights are loaded separately (`load_model_weights`) because the loop must do that
-    before it builds the optimizer over the model's parameters.
+    before it wraps the model and builds the optimizer over its parameters. `load_optimizer`
+    replaces `optimizer.load_state_dict` (a sharded model: `distributed.load_optimizer_state`).
     """
     state_path = local_dir / STATE_FILE
     try:
@@ -161,7 +182,7 @@ def load_training_state(
         raise CorruptCheckpoint(
             f"{state_path}: not JSON ({exc.msg} at line {exc.lineno})"
         ) from None
-    optimizer.load_state_dict(_torch_load(local_dir / OPTIMIZER_FILE))
+    (load_optimizer or optimizer.load_state_dict)(_torch_load(local_dir / OPTIMIZER_FILE))
     if scheduler is not None:
         scheduler.load_state_dict(_torch_load(local_dir / SCHEDULER_FILE))
     restore_rng_state(_torch_load(local_dir / RNG_FILE))
@@ -309,6 +330,12 @@ class CheckpointStore:
 
     def _apply_retention(self, just_written: str, step: int) -> None:
         committed = self.committed()
+        # Later steps than the one just written belong to a run this one resumed from an
+        # earlier checkpoint and replaced: left there, `latest` would resume the abandoned run.
+        for info in (c for c in committed if c.step > step):
+            log.info("deleting checkpoint of step %d of a superseded run (%s)", info.step, info.uri)
+            self._backend.delete(info.uri)
+        committed = [c for c in committed if c.step <= step]
         keep = {info.uri for info in committed[-self.policy.keep_last :]} | {just_written}
         if self.policy.keep_best and (best := self._best_of(committed)) is not None:
             keep.add(best.uri)

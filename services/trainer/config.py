@@ -111,6 +111,11 @@ class JobConfig(_Strict):
     webhook: WebhookSettings | None = None
     # A checkpoint URI/path, or "latest": the newest committed checkpoint under output.prefix.
     resume_from: str | None = None
+    # How more than one process (torchrun / accelerate launch) shares the model: "ddp" (a whole
+    # replica per rank) or "fsdp" (FSDP2: parameters, gradients and optimizer state sharded
+    # across ranks). No-op in one process. Not in fingerprint(): it does not change the curve,
+    # and a checkpoint written under one resumes under the other.
+    parallelism: Literal["ddp", "fsdp"] = "ddp"
 
     def fingerprint(self) -> str:
         """Hash of what decides the training curve; a checkpoint from another config is refused."""

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from transformers import PreTrainedModel
 
 from services.trainer import distributed as dist_utils
 from services.trainer.artifacts import FinalArtifacts, write_final
@@ -173,23 +174,27 @@ class _Run:
             "model ready",
             extra={"trainable_params": params.trainable, "total_params": params.total},
         )
-        self.optimizer = build_optimizer(self.model, self.hp)
-        self.scheduler = build_scheduler(self.optimizer, self.hp, self.data.total_steps)
         self.autocast = autocast_dtype(self.hp, self.ctx.device)
 
     def _setup_checkpoints(self) -> DataPosition:
-        """The checkpoint store, and where the data starts (after a resumed checkpoint)."""
+        """The checkpoint store, the wrapped model, optimizer and schedule, and where the data
+        starts (after a resumed checkpoint)."""
         self.checkpoints = CheckpointStore(
             self.config.output.prefix, store=self.store, policy=self.config.checkpoints
         )
-        start = DataPosition(0, 0)
-        if self.config.resume_from:
-            start = self._resume(self.config.resume_from)
-        # DDP after loading: it broadcasts rank 0's weights and keeps references to parameters.
-        self.train_model = dist_utils.wrap_model(self.model, self.ctx)
-        return start
+        resume = self._fetch_resume(self.config.resume_from) if self.config.resume_from else None
+        if resume is not None:
+            # Whole weights into the unwrapped model on every rank, before wrapping: DDP
+            # broadcasts rank 0's, FSDP2 keeps each rank's shard of them.
+            load_model_weights(resume[1], self.model)
+        self.train_model = dist_utils.wrap_model(self.model, self.ctx, self.config.parallelism)
+        # After wrapping: FSDP2 replaced the parameters by their shards.
+        self.optimizer = build_optimizer(self.model, self.hp)
+        self.scheduler = build_scheduler(self.optimizer, self.hp, self.data.total_steps)
+        return self._restore(*resume) if resume is not None else DataPosition(0, 0)
 
-    def _resume(self, resume_from: str) -> DataPosition:
+    def _fetch_resume(self, resume_from: str) -> tuple[str, Path] | None:
+        """The checkpoint to resume from (rank 0 resolves, every rank fetches its own copy)."""
         try:
             uri = self.checkpoints.resolve(resume_from) if self.ctx.is_main else None
         except NoCheckpoint:
@@ -199,11 +204,20 @@ class _Run:
             log.warning("resume_from=latest: no committed checkpoint yet, starting from step 0")
         uri = dist_utils.broadcast_object(uri, self.ctx)
         if uri is None:
-            return DataPosition(0, 0)
+            return None
         local = self.checkpoints.fetch(uri, self.work_dir / "resume")
-        _check_fingerprint(local, uri, self.config.fingerprint())
-        load_model_weights(local, self.model)
-        state = load_training_state(local, optimizer=self.optimizer, scheduler=self.scheduler)
+        _check_compatible(local, uri, self.config.fingerprint(), self.ctx.world_size)
+        return uri, local
+
+    def _restore(self, uri: str, local: Path) -> DataPosition:
+        """Optimizer, schedule, RNG and history of a fetched checkpoint; its data position."""
+        model, optimizer = self.train_model, self.optimizer
+        state = load_training_state(
+            local,
+            optimizer=optimizer,
+            scheduler=self.scheduler,
+            load_optimizer=lambda sd: dist_utils.load_optimizer_state(model, optimizer, sd),
+        )
         shutil.rmtree(local, ignore_errors=True)
         self.history = list(state.get("history", []))
         self.resumed_from = self.last_checkpoint = uri
@@ -253,9 +267,9 @@ class _Run:
         loss_sum = 0.0
         last = len(batch.micro_batches) - 1
         for i, micro in enumerate(batch.micro_batches):
-            # DDP averages gradients over ranks at the last micro-batch; the scale undoes the
-            # average, so the step's gradient is that of (sum of token CE) / (step's tokens).
-            with self._no_sync(i != last):
+            # DDP/FSDP2 average gradients over ranks at the last micro-batch; the scale undoes
+            # the average, so the step's gradient is that of (sum of token CE) / (step's tokens).
+            with dist_utils.gradient_sync(self.train_model, enabled=i == last):
                 loss_sum += self._micro_step(micro, scale)
         grad_norm = self._clip_gradients()
         loss_total, tokens = dist_utils.sum_across([loss_sum, float(batch.num_tokens)], self.ctx)
@@ -297,11 +311,7 @@ class _Run:
     def _clip_gradients(self) -> float:
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.hp.max_grad_norm if self.hp.max_grad_norm is not None else math.inf
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-
-    def _no_sync(self, skip_sync: bool) -> contextlib.AbstractContextManager[Any]:
-        no_sync = getattr(self.train_model, "no_sync", None)
-        return no_sync() if skip_sync and no_sync is not None else contextlib.nullcontext()
+        return dist_utils.clip_grad_norm(params, max_norm)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.autocast is None:
@@ -316,12 +326,17 @@ class _Run:
             "total_steps": self.data.total_steps,
             "position": asdict(position),
             "config_fingerprint": self.config.fingerprint(),
+            # The data position counts steps of this many ranks' global batch.
+            "world_size": self.ctx.world_size,
             "job_id": self.config.job_id,
             "attempt_id": self.config.attempt_id,
             "history": self.history,
         }
 
     def _checkpoint(self, step: int, position: DataPosition, window: list[float]) -> None:
+        # FSDP2: every rank takes part in gathering the whole tensors rank 0 writes.
+        sharded = dist_utils.is_sharded(self.model)
+        gathered = dist_utils.gather_state(self.model, self.optimizer) if sharded else None
         if self.ctx.is_main:
             local = self.work_dir / "checkpoint" / f"step-{step:08d}"
             shutil.rmtree(local, ignore_errors=True)
@@ -331,6 +346,8 @@ class _Run:
                 optimizer=self.optimizer,
                 scheduler=self.scheduler,
                 state=self._state(step, position),
+                model_state=gathered.model if gathered else None,
+                optimizer_state=gathered.optimizer if gathered else None,
             )
             metrics = {"loss": sum(window) / len(window)} if window else {}
             uri = self.checkpoints.commit(local, step=step, metrics=metrics)
@@ -341,11 +358,13 @@ class _Run:
 
     def _finish(self, step: int, window: list[float]) -> RunResult:
         artifact = None
+        sharded = dist_utils.is_sharded(self.model)
+        gathered = dist_utils.gather_model_state(self.model) if sharded else None
         if self.ctx.is_main:
             state = self._state(step, DataPosition(self.hp.epochs, 0))
             state["resumed_from"] = self.resumed_from
             artifact = write_final(
-                self.model,
+                self.model if gathered is None else self._unsharded(gathered),
                 self.tokenizer,
                 base_model=self.config.base_model,
                 base_dir=self.model_dir,
@@ -360,6 +379,14 @@ class _Run:
             self.reports.completed(artifact, metrics, step)
         dist_utils.barrier(self.ctx)
         return self._result("completed", step, artifact)
+
+    def _unsharded(self, gathered: dict[str, torch.Tensor]) -> PreTrainedModel:
+        """A whole copy of the trained model (CPU, rank 0) for the artifact: the same code then
+        writes the same adapter, merged weights or full model as an unsharded run."""
+        with torch.random.fork_rng(devices=[]):  # LoRA's init draws from the global RNG
+            model = build_model(self.config, self.model_dir, torch.device("cpu"))
+        dist_utils.load_gathered_model_state(model, gathered)
+        return model
 
     def _result(
         self,
@@ -387,8 +414,18 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _check_fingerprint(local: Path, uri: str, expected: str) -> None:
+def _check_compatible(local: Path, uri: str, expected: str, world_size: int) -> None:
+    """Refuse a checkpoint this run would not continue exactly: another config, or another
+    number of processes (its data position counts steps of another global batch)."""
     state = json.loads((local / STATE_FILE).read_text())
+    written_by = state.get("world_size", world_size)
+    if written_by != world_size:
+        raise ConfigError(
+            f"resume_from: {uri} was written by {written_by} process(es), this run has "
+            f"{world_size}: its data position counts steps of that global batch "
+            "(micro_batch_size x gradient_accumulation_steps x processes); resume with "
+            f"{written_by} process(es)"
+        )
     found = state.get("config_fingerprint")
     if found != expected:
         raise ConfigError(

@@ -96,6 +96,10 @@ def use_gradient_checkpointing(hp: Hyperparameters, device: torch.device) -> boo
 def _check_method(config: JobConfig, device: torch.device) -> None:
     if config.method != "qlora":
         return
+    if config.parallelism == "fsdp":
+        # FSDP2 would shard bitsandbytes' packed 4-bit tensors as plain uint8 storage; wiring
+        # that (bnb_4bit_quant_storage, a GPU to test it on) is not done.
+        raise ConfigError("parallelism: fsdp is not supported with method qlora; use ddp")
     if device.type != "cuda":
         raise ConfigError("method: qlora needs a CUDA GPU (none found); use lora or full")
     if importlib.util.find_spec("bitsandbytes") is None:

@@ -243,6 +243,20 @@ def test_retention_keeps_the_last_k_and_the_best(
     assert _steps_of(store) == [50, 60]
 
 
+def test_a_resumed_run_replaces_the_later_checkpoints_of_the_run_it_left(
+    make_store: Callable[..., CheckpointStore], tmp_path: Path
+) -> None:
+    store = make_store(keep_last=10, keep_best=True)
+    for step in (10, 20, 30):
+        store.commit(
+            _fake_checkpoint(tmp_path / str(step), str(step)), step=step, metrics={"loss": 0.1}
+        )
+    # Resumed from step 10 (say, after a bad step 20), the new run checkpoints at 15.
+    resumed = store.commit(_fake_checkpoint(tmp_path / "15", "15"), step=15, metrics={"loss": 0.5})
+    assert _steps_of(store) == [10, 15]
+    assert store.latest() == resumed
+
+
 def test_the_checkpoint_just_written_is_never_pruned(
     make_store: Callable[..., CheckpointStore], tmp_path: Path
 ) -> None:
@@ -253,7 +267,7 @@ def test_the_checkpoint_just_written_is_never_pruned(
         _fake_checkpoint(tmp_path / "b", "b"), step=30, metrics={}
     )  # resumed from earlier
 
-    assert _steps_of(store) == [30, 50]
+    assert _steps_of(store) == [30]  # 50 belonged to the run this one replaced
     assert store.info(older).step == 30
 
 
