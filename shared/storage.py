@@ -383,7 +383,7 @@ class ObjectStore:
         root, base = Path(local_dir), self._dir(prefix)
         if not root.is_dir():
             raise NotADirectoryError(f"{root} is not a directory")
-        rel_paths = _walk(root)
+        rel_paths = walk_files(root)
         # Re-uploading over a committed directory: uncommit first so no reader trusts a mix.
         self.delete(base.child(COMMIT_MARKER))
         files = []
@@ -465,7 +465,7 @@ def _verify(got: StoredObject, entry: ManifestFile) -> None:
         raise ChecksumMismatch(got.uri, f"sha256 {got.sha256}, manifest says {entry.sha256}")
 
 
-def _walk(root: Path) -> list[str]:
+def walk_files(root: Path) -> list[str]:
     """Relative POSIX paths of every file under root, sorted; refuses our reserved names."""
     found = sorted(
         Path(dirpath, name).relative_to(root).as_posix()

@@ -28,6 +28,7 @@ import orjson
 from services.ingest.normalize import Exchange, NormalizeError
 from services.ingest.routing import Api
 from shared.events import SampleCaptured
+from shared.processes import pid_alive
 
 log = logging.getLogger("tuneloop.ingest.capture")
 
@@ -140,16 +141,6 @@ def _exchange(
         tags=call.tags,
     )
 
-
-def process_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 
@@ -177,7 +168,7 @@ class SpillFile:
         claimed = []
         for path in sorted(self.path.parent.glob(self.path.name + ".replaying-*")):
             owner = path.name.rsplit(".replaying-", 1)[1].partition("-")[0]
-            if owner == mine or not (owner.isdigit() and process_alive(int(owner))):
+            if owner == mine or not (owner.isdigit() and pid_alive(int(owner))):
                 claimed.append(path)
         return claimed
 

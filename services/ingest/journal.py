@@ -18,7 +18,8 @@ from typing import IO
 
 import orjson
 
-from services.ingest.capture import CapturedCall, process_alive
+from services.ingest.capture import CapturedCall
+from shared.processes import pid_alive
 
 Ticket = int  # the segment number a call was written to
 
@@ -87,7 +88,7 @@ class Journal:
         found = []
         for path in sorted(self.directory.glob("*-*.jsonl")):
             pid = int(path.name.split("-", 1)[0]) if path.name.split("-", 1)[0].isdigit() else -1
-            if pid != self._pid and not process_alive(pid):
+            if pid != self._pid and not pid_alive(pid):
                 found.append(path)
         return found
 

@@ -28,6 +28,7 @@ from shared.storage import (
     ManifestFile,
     ObjectNotFound,
     ObjectStore,
+    walk_files,
 )
 
 log = logging.getLogger(__name__)
@@ -185,7 +186,7 @@ class LocalBackend:
         tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.partial")
         try:
             tmp.mkdir()
-            files = [self._copy_in(local_dir, rel, tmp) for rel in _walk(local_dir)]
+            files = [self._copy_in(local_dir, rel, tmp) for rel in walk_files(local_dir)]
             manifest = Manifest(
                 files=files,
                 total_size=sum(f.size for f in files),
@@ -257,18 +258,6 @@ class LocalBackend:
             if leftover and step_of <= step:
                 log.info("removing uncommitted leftover %s", path)
                 shutil.rmtree(path, ignore_errors=True)
-
-
-def _walk(root: Path) -> list[str]:
-    found = sorted(
-        Path(dirpath, name).relative_to(root).as_posix()
-        for dirpath, _dirs, names in os.walk(root)
-        for name in names
-    )
-    for reserved in (MANIFEST_NAME, COMMIT_MARKER):
-        if reserved in found:
-            raise ValueError(f"{root / reserved}: the name {reserved!r} is reserved by the store")
-    return found
 
 
 def _write_synced(path: Path, data: bytes) -> None:

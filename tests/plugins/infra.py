@@ -206,3 +206,17 @@ def persister_process(settings: Settings, log_path: Path) -> RunningProcess:
         ),
     )
     return RunningProcess(component, log_path, env=settings_env(settings))
+
+
+def settings_on_private_nats(
+    path: Path, private_nats: RunningProcess, stack_settings: Settings
+) -> Settings:
+    """Settings under `path` on the session's S3 but the test's own nats-server (private_nats)."""
+    return make_settings(
+        path,
+        infra=stack_settings,
+        nats={
+            "port": private_nats.component.ports[0].number,
+            "monitor_port": private_nats.component.ports[1].number,
+        },
+    )

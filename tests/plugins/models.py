@@ -17,6 +17,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from services.trainer.rendering import CHATML_TOOLS_TEMPLATE
 from shared.base_models import SMOLLM2_DIR_NAME, convert_gguf_to_hf, smollm2_gguf_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -24,32 +25,9 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2 
 TINY_VOCAB_SIZE = 512
 
 # ChatML as SmolLM2 renders it, plus the Hermes/Qwen convention for tools (SmolLM2's own template
-# has none): tool schemas in the system turn, calls as <tool_call> JSON, results as a `tool` turn.
-# Unlike SmolLM2 it adds no default system prompt, so expected strings in tests stay short.
-CHAT_TEMPLATE = (
-    # transformers renders with trim_blocks, which eats a newline right after a {% %} tag: such
-    # newlines are written as {{ '\n' }}.
-    "{% if tools %}<|im_start|>system\n"
-    "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
-    "You may call these tools:\n<tools>"
-    "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}"
-    "{{ '\\n' }}</tools><|im_end|>\n"
-    "{% endif %}"
-    "{% for message in messages %}"
-    "{% if not (tools and loop.first and message.role == 'system') %}"
-    "<|im_start|>{{ message.role }}\n"
-    "{% if message.content %}{{ message.content }}{% endif %}"
-    "{% for call in message.tool_calls or [] %}"
-    "{% set fn = call.function if call.function is defined else call %}"
-    "{% if not loop.first or message.content %}{{ '\\n' }}{% endif %}"
-    '<tool_call>\n{"name": "{{ fn.name }}", "arguments": '
-    "{% if fn.arguments is string %}{{ fn.arguments }}"
-    "{% else %}{{ fn.arguments | tojson }}{% endif %}"
-    "}\n</tool_call>"
-    "{% endfor %}<|im_end|>\n"
-    "{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+# has none): the trainer's fallback template, so the tiny model renders tools natively. Unlike
+# SmolLM2 it adds no default system prompt, so expected strings in tests stay short.
+CHAT_TEMPLATE = CHATML_TOOLS_TEMPLATE
 
 _CORPUS_LINES = (
     "The quick brown fox jumps over the lazy dog.",

@@ -12,7 +12,11 @@ import pytest
 from shared import db, localstack
 from shared.settings import Settings
 from tests.fakes.upstream import RunningUpstream, recorded, upstream_key_env, upstreams_yaml
-from tests.plugins.infra import RunningProcess, make_settings, settings_env
+from tests.plugins.infra import (
+    RunningProcess,
+    settings_env,
+    settings_on_private_nats,
+)
 from tests.services.ingest.conftest import ADMIN
 
 CALLS_WHILE_AWAY = 5
@@ -30,14 +34,7 @@ def test_calls_succeed_while_nats_is_away_and_no_sample_is_lost(
     stack_settings: Settings,
     tmp_path: Path,
 ) -> None:
-    settings = make_settings(
-        tmp_path / "svc",
-        infra=stack_settings,
-        nats={
-            "port": private_nats.component.ports[0].number,
-            "monitor_port": private_nats.component.ports[1].number,
-        },
-    )
+    settings = settings_on_private_nats(tmp_path / "svc", private_nats, stack_settings)
     db.migrate(settings.database_url)
     with RunningUpstream() as upstream:
         upstreams = tmp_path / "upstreams.yaml"

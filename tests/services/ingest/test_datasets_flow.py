@@ -19,7 +19,11 @@ from shared import bus, db, localstack
 from shared.events import DatasetBuildRequested
 from shared.settings import Settings
 from tests.fakes.upstream import recorded
-from tests.plugins.infra import RunningProcess, make_settings, settings_env
+from tests.plugins.infra import (
+    RunningProcess,
+    settings_env,
+    settings_on_private_nats,
+)
 from tests.plugins.models import build_tiny_tokenizer
 from tests.services.ingest.conftest import Edge
 from tests.services.ingest.test_datasets_api import auth, post, store_samples
@@ -224,14 +228,7 @@ def test_a_build_killed_mid_way_restarts_cleanly_to_the_same_version(
     stack_settings: Settings,
     tmp_path: Path,
 ) -> None:
-    settings = make_settings(
-        tmp_path / "svc",
-        infra=stack_settings,
-        nats={
-            "port": private_nats.component.ports[0].number,
-            "monitor_port": private_nats.component.ports[1].number,
-        },
-    )
+    settings = settings_on_private_nats(tmp_path / "svc", private_nats, stack_settings)
     db.migrate(settings.database_url)
     url = f"http://127.0.0.1:{settings.services.ingest_port}"
     # Short ack_wait so the killed build's event comes back quickly; the first process pauses

@@ -14,7 +14,11 @@ from shared import bus, db, localstack
 from shared.chat import Message, Sample
 from shared.events import SampleCaptured
 from shared.settings import Settings
-from tests.plugins.infra import RunningProcess, make_settings, settings_env
+from tests.plugins.infra import (
+    RunningProcess,
+    settings_env,
+    settings_on_private_nats,
+)
 
 TOTAL = 1200
 
@@ -68,14 +72,7 @@ def test_killed_persister_loses_nothing_and_duplicates_nothing(
     stack_settings: Settings,
     tmp_path: Path,
 ) -> None:
-    settings = make_settings(
-        tmp_path / "svc",
-        infra=stack_settings,
-        nats={
-            "port": private_nats.component.ports[0].number,
-            "monitor_port": private_nats.component.ports[1].number,
-        },
-    )
+    settings = settings_on_private_nats(tmp_path / "svc", private_nats, stack_settings)
     db.migrate(settings.database_url)
     db_path = Path(settings.database_url.removeprefix("sqlite:///"))
     asyncio.run(_publish_backlog(settings))

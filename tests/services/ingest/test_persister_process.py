@@ -9,7 +9,11 @@ from pathlib import Path
 
 from shared import db, localstack
 from shared.settings import Settings
-from tests.plugins.infra import RunningProcess, make_settings, persister_process
+from tests.plugins.infra import (
+    RunningProcess,
+    persister_process,
+    settings_on_private_nats,
+)
 from tests.services.ingest.test_persister import TOTAL, _publish_backlog, _stored
 
 
@@ -19,14 +23,7 @@ def test_a_separate_persister_stores_every_sample_once_and_stops_on_sigterm(
     stack_settings: Settings,
     tmp_path: Path,
 ) -> None:
-    settings = make_settings(
-        tmp_path / "svc",
-        infra=stack_settings,
-        nats={
-            "port": private_nats.component.ports[0].number,
-            "monitor_port": private_nats.component.ports[1].number,
-        },
-    )
+    settings = settings_on_private_nats(tmp_path / "svc", private_nats, stack_settings)
     db.migrate(settings.database_url)
     db_path = Path(settings.database_url.removeprefix("sqlite:///"))
     asyncio.run(_publish_backlog(settings))  # TOTAL samples, one of them published twice
