@@ -161,10 +161,17 @@ def export_openai_jsonl(
     """OpenAI chat fine-tuning lines (`{"messages": [...], "tools": [...]}`), one per sample.
     Raises shared.chat.ExportError naming the sample and field it cannot express."""
     for sample in samples:
-        record = to_openai_messages(
-            sample, include_reasoning=include_reasoning, resolve_ref=resolve_ref
-        )
-        yield orjson.dumps(record) + b"\n"
+        yield openai_line(sample, include_reasoning=include_reasoning, resolve_ref=resolve_ref)
+
+
+def openai_line(
+    sample: Sample, *, include_reasoning: bool = False, resolve_ref: RefResolver | None = None
+) -> bytes:
+    """One OpenAI chat fine-tuning JSONL line; ExportError names what it cannot express."""
+    record = to_openai_messages(
+        sample, include_reasoning=include_reasoning, resolve_ref=resolve_ref
+    )
+    return orjson.dumps(record) + b"\n"
 
 
 def export_split_to_file(store: ObjectStore, uri: str, split: str, dest: Path) -> int:
@@ -187,7 +194,7 @@ def export_split_to_file(store: ObjectStore, uri: str, split: str, dest: Path) -
         count = 0
         with source.open("rb") as lines, dest.open("wb") as out:
             for number, line in enumerate(lines, 1):
-                out.write(next(export_openai_jsonl([_parse_line(line, uri, name, number)])))
+                out.write(openai_line(_parse_line(line, uri, name, number)))
                 count += 1
         return count
     finally:
@@ -224,18 +231,18 @@ def _modalities(sample: Sample) -> set[str]:
     return {part.type for m in sample.messages for part in m.content}
 
 
-def _token_sample(samples: Sequence[Sample]) -> Sequence[Sample]:
+def _token_sample(samples: Sequence[Sample], limit: int) -> Sequence[Sample]:
     """The samples whose tokens are counted for the length percentiles: all of them up to
     TOKEN_STATS_SAMPLE, else that many chosen by a hash of their id (deterministic, independent
     of order). Tokenising 100k samples costs ~40 s on 2 cores; 10k pin the percentiles well."""
-    if len(samples) <= TOKEN_STATS_SAMPLE:
+    if len(samples) <= limit:
         return samples
     ranked = sorted(samples, key=lambda s: hashlib.blake2b(s.id.encode(), digest_size=8).digest())
-    return ranked[:TOKEN_STATS_SAMPLE]
+    return ranked[:limit]
 
 
-def _token_stats(samples: Sequence[Sample], counter: TokenCounter) -> dict[str, Any]:
-    counted = _token_sample(samples)
+def _token_stats(samples: Sequence[Sample], counter: TokenCounter, limit: int) -> dict[str, Any]:
+    counted = _token_sample(samples, limit)
     counter.prime_samples(counted)
     pairs = [counter.prompt_completion(s) for s in counted]
     return {
@@ -246,7 +253,7 @@ def _token_stats(samples: Sequence[Sample], counter: TokenCounter) -> dict[str, 
     }
 
 
-def _split_stats(samples: Sequence[Sample], counter: TokenCounter) -> dict[str, Any]:
+def _split_stats(samples: Sequence[Sample], counter: TokenCounter, limit: int) -> dict[str, Any]:
     turns = []
     modalities: Counter[str] = Counter()
     models: Counter[str] = Counter()
@@ -264,7 +271,7 @@ def _split_stats(samples: Sequence[Sample], counter: TokenCounter) -> dict[str, 
         calls += n_calls
     return {
         "count": len(samples),
-        "tokens": _token_stats(samples, counter),
+        "tokens": _token_stats(samples, counter, limit),
         "assistant_turns": _percentiles(turns),
         "messages": _percentiles([len(s.messages) for s in samples]),
         "tool_use": {
@@ -282,13 +289,16 @@ def compute_stats(
     train: Sequence[Sample],
     eval: Sequence[Sample],
     tokenizer: Any | None = None,
+    *,
+    token_sample: int = TOKEN_STATS_SAMPLE,
 ) -> dict[str, Any]:
     """Counts, token-length percentiles of prompt and completion, turns, tool use, modalities
     and models, for train and eval. `tokenizer`: a Hugging Face tokenizer or the TokenCounter
-    the cleaning used (its cache is reused); None counts approximately (4 chars a token)."""
+    the cleaning used (its cache is reused); None counts approximately (4 chars a token).
+    Percentiles of a split larger than `token_sample` come from that many of its samples."""
     counter = TokenCounter.of(tokenizer)
     return {
         "tokenizer": counter.name,
-        "train": _split_stats(train, counter),
-        "eval": _split_stats(eval, counter),
+        "train": _split_stats(train, counter, token_sample),
+        "eval": _split_stats(eval, counter, token_sample),
     }

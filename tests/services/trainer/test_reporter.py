@@ -253,6 +253,9 @@ def test_a_full_buffer_drops_the_oldest_progress_reports_only(
     assert reporter.stats().dropped == 5
 
 
+# A close that retried forever would hang here: the test's timeout, not a timed assertion,
+# is what catches it.
+@pytest.mark.timeout(60)
 def test_close_with_the_endpoint_down_returns_false_within_its_bound(
     make_reporter_for: Callable[..., WebhookReporter],
 ) -> None:
@@ -260,11 +263,9 @@ def test_close_with_the_endpoint_down_returns_false_within_its_bound(
     for report in _run_reports():
         reporter.send(report)
 
-    began = time.monotonic()
     delivered = reporter.close(timeout_s=1.0)
 
     assert delivered is False
-    assert time.monotonic() - began < 15  # bounded: not the endless retry of a running job
     assert reporter.stats().pending == len(_run_reports())
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import orjson
 import pytest
 
-from services.ingest import snapshots
 from services.ingest.cleaning import (
     TokenCounter,
     TokenizerLoadError,
@@ -164,15 +163,14 @@ def test_stats_count_tokens_turns_tools_and_modalities(tiny_tokenizer) -> None:
     assert first[1] == counter.count("assistant\nanswer 0") + counter.per_message
 
 
-def test_token_percentiles_of_a_big_split_come_from_a_fixed_subsample(monkeypatch) -> None:
+def test_token_percentiles_of_a_big_split_come_from_a_fixed_subsample() -> None:
     samples = _samples()
     counter = TokenCounter()
     whole = compute_stats(samples, [], counter)["train"]["tokens"]
     assert whole["counted_samples"] == len(samples)
     assert whole["estimated"] is False
-    monkeypatch.setattr(snapshots, "TOKEN_STATS_SAMPLE", 10)
-    part = compute_stats(samples, [], counter)["train"]["tokens"]
-    again = compute_stats(list(reversed(samples)), [], counter)["train"]["tokens"]
+    part = compute_stats(samples, [], counter, token_sample=10)["train"]["tokens"]
+    again = compute_stats(list(reversed(samples)), [], counter, token_sample=10)["train"]["tokens"]
     assert part["counted_samples"] == 10
     assert part["estimated"] is True
     assert part == again  # the subsample does not depend on order
