@@ -10,6 +10,7 @@ beside it (checkpoints.py, reporter.py, artifacts.py), not inside it.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -115,6 +116,11 @@ def run_training(
         return run.execute()
     finally:
         run.close()
+        # Drop the model (DDP's reducer holds the process group) while the group still exists:
+        # freed after destroy_process_group, the reducer would destroy the gloo group itself,
+        # joining gloo's threads with the GIL held while one of them waits for the GIL.
+        del run
+        gc.collect()
         dist_utils.shutdown(ctx)
 
 

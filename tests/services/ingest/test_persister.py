@@ -20,7 +20,8 @@ from tests.plugins.infra import (
     settings_on_private_nats,
 )
 
-TOTAL = 1200
+# Batches of 256 store a backlog fast: big enough that the kill lands with most of it left.
+TOTAL = 5000
 
 
 def _sample(i: int) -> Sample:

@@ -5,6 +5,8 @@ with FSDP2; checkpoints written under one strategy resume under another."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -104,16 +106,25 @@ def _launch(launcher: str, job: Path, work_dir: Path) -> str:
         prefix += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
         prefix += ["--main_process_port", str(_free_port())]
     command = [sys.executable, *prefix, "-m", "services.trainer", "run", "--config", str(job)]
-    done = subprocess.run(
+    # A session of its own: on a timeout the launcher AND its ranks go, none is left behind.
+    launched = subprocess.Popen(
         [*command, "--work-dir", str(work_dir)],
         cwd=REPO_ROOT,
         env=child_env(),
-        capture_output=True,
-        timeout=240,
-        check=False,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
-    output = (done.stdout + done.stderr).decode(errors="replace")
-    assert done.returncode == 0, output[-4000:]
+    try:
+        stdout, _ = launched.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(launched.pid, signal.SIGKILL)
+        stdout, _ = launched.communicate()
+        pytest.fail(
+            f"{launcher} did not finish in 240 s:\n{stdout.decode(errors='replace')[-4000:]}"
+        )
+    output = stdout.decode(errors="replace")
+    assert launched.returncode == 0, output[-4000:]
     # Each rank logs how it wraps the model: proof the sharded path ran (or did not).
     sharded = output.count("model sharded with FSDP2: 2 blocks + root over 2 ranks")
     assert sharded == (2 if json.loads(job.read_text()).get("parallelism") == "fsdp" else 0)
