@@ -32,6 +32,11 @@ class IngestSettings(BaseSettings):
     # inline: every ingest process also stores captured samples; process: it leaves that to
     # `python -m services.ingest.persister` copies (the gateway's loop then serves calls only).
     persister: Literal["inline", "process"] = "inline"
+    # inline: each ingest process turns its proxied calls into samples itself, on its event
+    # loop, after answering; process: it only journals them and `python -m
+    # services.ingest.shipper`, on the same machine, does the rest (shipper.py). Uploads and
+    # OTLP exports are captured where they arrive either way.
+    capture: Literal["inline", "process"] = "inline"
     # How long a verified API key is trusted without asking the database again.
     auth_cache_ttl_s: float = Field(default=30.0, ge=0)
     # Dataset builds (datasets.py). JetStream redelivers a build's event when its worker has not

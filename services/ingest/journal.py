@@ -6,6 +6,10 @@ file. The journal is a series of segment files named `<pid>-<n>.jsonl`; a segmen
 when it is closed and all its calls are done. At start-up, segments of processes that no longer
 run are handed back: their calls are processed again, which publishes nothing twice (event ids
 are deterministic and the store is idempotent).
+
+With `shipped=True` (`TUNELOOP_INGEST_CAPTURE=process`) the writer keeps no accounts: appending is
+all the gateway does with a call, and a shipper process (shipper.py) reads the segments as they
+grow, turns the calls into samples and deletes each segment once it is closed and shipped.
 """
 
 from __future__ import annotations
@@ -20,15 +24,36 @@ import orjson
 
 from services.ingest.capture import CapturedCall
 from shared.processes import pid_alive
+from shared.settings import Settings
 
 Ticket = int  # the segment number a call was written to
 
 
+def journal_dir(settings: Settings) -> Path:
+    return settings.app.data_dir.resolve() / "ingest" / "journal"
+
+
+def segment_id(path: Path) -> tuple[int, int] | None:
+    """(writer pid, segment number) of a live writer's segment `<pid>-<n>.jsonl`; None for any
+    other file (an adopted segment, a shipper's offset file)."""
+    pid, _, rest = path.name.partition("-")
+    number = rest.removesuffix(".jsonl")
+    if not (pid.isdigit() and number.isdigit() and rest.endswith(".jsonl")):
+        return None
+    return int(pid), int(number)
+
+
 class Journal:
     def __init__(
-        self, directory: Path, *, segment_records: int = 2_000, segment_age_s: float = 10.0
+        self,
+        directory: Path,
+        *,
+        segment_records: int = 2_000,
+        segment_age_s: float = 10.0,
+        shipped: bool = False,
     ) -> None:
         self.directory = directory
+        self._shipped = shipped
         directory.mkdir(parents=True, exist_ok=True)
         self._pid = os.getpid()
         self._segment_records = segment_records
@@ -49,7 +74,8 @@ class Journal:
             self._drop_if_done(self._current)
         self._current += 1
         self._handle = self._path(self._current).open("ab")
-        self._open[self._current] = 0
+        if not self._shipped:
+            self._open[self._current] = 0
         self._opened_at = time.monotonic()
         self._written = 0
 
@@ -63,7 +89,8 @@ class Journal:
         self._handle.write(orjson.dumps(call.to_record()) + b"\n")
         self._handle.flush()
         self._written += 1
-        self._open[self._current] += 1
+        if not self._shipped:
+            self._open[self._current] += 1
         return self._current
 
     def done(self, ticket: Ticket) -> None:

@@ -17,7 +17,7 @@ from services.ingest.config import IngestSettings
 from services.ingest.fidelity import FidelityFlusher
 from services.ingest.forwarding import service_urls
 from services.ingest.gateway import Gateway
-from services.ingest.journal import Journal
+from services.ingest.journal import Journal, journal_dir
 from services.ingest.models import UploadedFile
 from services.ingest.pipeline import CapturePipeline
 from services.ingest.routing import RoutingTable, load_upstreams
@@ -46,6 +46,8 @@ class Ingest:
     persister: bus.BatchConsumer[Any] | None
     # The fidelity report's counts -> the database, every few seconds (fidelity.py).
     fidelity: FidelityFlusher
+    # TUNELOOP_INGEST_CAPTURE=process: where proxied calls go for the shipper process.
+    shipped_journal: Journal | None = None
     _file_tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     @classmethod
@@ -60,11 +62,13 @@ class Ingest:
         def can_publish() -> bool:
             return broker.connection is not None and broker.connection.is_connected
 
+        shipped = ingest_settings.capture == "process"
+        journal = Journal(journal_dir(settings), shipped=shipped)
         pipeline = CapturePipeline(
             publish=publish,
             store=store,
             spill=SpillFile(settings.app.data_dir.resolve() / "ingest" / "capture-spill.jsonl"),
-            journal=Journal(settings.app.data_dir.resolve() / "ingest" / "journal"),
+            journal=None if shipped else journal,
             queue_size=ingest_settings.capture_queue_size,
             can_publish=can_publish,
         )
@@ -72,7 +76,7 @@ class Ingest:
             settings=ingest_settings,
             routes=routes,
             authenticator=CachedAuthenticator(engine, ttl_s=ingest_settings.auth_cache_ttl_s),
-            capture=pipeline.submit,
+            capture=journal.append if shipped else pipeline.submit,
         )
         control_client = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0))
         spool_dir = settings.app.data_dir.resolve() / "ingest" / "uploads"
@@ -90,6 +94,7 @@ class Ingest:
             if ingest_settings.persister == "inline"
             else None,
             FidelityFlusher(pipeline.fidelity, engine),
+            shipped_journal=journal if shipped else None,
         )
 
     def process_in_background(self, row: UploadedFile) -> None:
@@ -126,6 +131,8 @@ class Ingest:
             task.cancel()
         await asyncio.gather(*self._file_tasks, return_exceptions=True)
         await self.pipeline.stop()
+        if self.shipped_journal is not None:
+            self.shipped_journal.close()
         await self.fidelity.stop()  # after the pipeline: its last samples are counted
         # Last: the pipeline still publishes while it drains; what is not stored stays queued
         # in the stream for the next start.

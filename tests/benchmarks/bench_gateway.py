@@ -36,7 +36,7 @@ from tests.benchmarks.stack import (
 )
 from tests.benchmarks.wrk import WrkResult, run_wrk, wrk_version
 from tests.fakes.upstream import UPSTREAM_KEYS, upstream_key_env, upstreams_yaml
-from tests.plugins.infra import RunningProcess, free_port, persister_process
+from tests.plugins.infra import RunningProcess, free_port, persister_process, shipper_process
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_VENV = ROOT / ".venv-bench"
@@ -224,6 +224,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="ingest worker processes (TUNELOOP_INGEST_WORKERS); LiteLLM runs 2")  # fmt: skip
     parser.add_argument("--persister", choices=("inline", "process"), default="inline",
                         help="process: samples are stored by a separate persister process")  # fmt: skip
+    parser.add_argument("--capture", choices=("inline", "process"), default="process",
+                        help="process: the gateway journals calls, a shipper process makes the samples")  # fmt: skip
     parser.add_argument("--litellm", type=Path, default=BENCH_VENV / "bin" / "litellm")
     parser.add_argument("--no-litellm", action="store_true", help="skip the baseline")
     parser.add_argument("--profile", type=Path, nargs="?", const=ROOT / ".tuneloop" / "bench-profile",
@@ -267,10 +269,13 @@ def main(argv: list[str] | None = None) -> None:
             "TUNELOOP_INGEST_UPSTREAMS_FILE": str(upstreams),
             "TUNELOOP_INGEST_WORKERS": str(args.workers),
             "TUNELOOP_INGEST_PERSISTER": args.persister,
+            "TUNELOOP_INGEST_CAPTURE": args.capture,
         }
         ingest = start_ingest(stack, settings, tmp, env)
         if args.persister == "process":
             launch_process(stack, persister_process(settings, tmp / "logs" / "persister.log"))
+        if args.capture == "process":
+            launch_process(stack, shipper_process(settings, tmp / "logs" / "shipper.log"))
         targets = [
             Target("direct", upstream, f"Bearer {UPSTREAM_KEYS['openai']}"),
             Target("tuneloop", ingest.url, f"Bearer {ingest.key}"),
@@ -286,7 +291,8 @@ def main(argv: list[str] | None = None) -> None:
                 console.print(f"[red]{missing}")
         console.log(
             f"ready after {time.monotonic() - started:.0f}s; tuneloop ingest with "
-            f"{args.workers} worker process(es), persister {args.persister}; load generator: {generator}"
+            f"{args.workers} worker process(es), capture {args.capture}, persister "
+            f"{args.persister}; load generator: {generator}"
         )
         bench = Bench(args, body, ingest)
         results = bench.run(targets)

@@ -194,18 +194,32 @@ def object_store(s3_server: RunningProcess, stack_settings: Settings) -> ObjectS
     return store
 
 
-def persister_process(settings: Settings, log_path: Path) -> RunningProcess:
-    """`python -m services.ingest.persister` against these settings, ready once it consumes."""
+def module_process(
+    module: str,
+    ready_line: str,
+    settings: Settings,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+) -> RunningProcess:
+    """`python -m <module>` against these settings, ready once its log says `ready_line`."""
     component = localstack.Component(
-        name="ingest-persister",
-        argv=[sys.executable, "-m", "services.ingest.persister"],
+        name=module.rsplit(".", 1)[-1],
+        argv=[sys.executable, "-m", module],
         ports=[],
         address="",
-        ready=lambda: (
-            log_path.exists() and "persisting samples" in log_path.read_text("utf-8", "replace")
-        ),
+        ready=lambda: log_path.exists() and ready_line in log_path.read_text("utf-8", "replace"),
     )
-    return RunningProcess(component, log_path, env=settings_env(settings))
+    return RunningProcess(component, log_path, env=settings_env(settings) | (env or {}))
+
+
+def persister_process(settings: Settings, log_path: Path) -> RunningProcess:
+    """`python -m services.ingest.persister`, ready once it consumes."""
+    return module_process("services.ingest.persister", "persisting samples", settings, log_path)
+
+
+def shipper_process(settings: Settings, log_path: Path) -> RunningProcess:
+    """`python -m services.ingest.shipper`, ready once it holds the journal directory."""
+    return module_process("services.ingest.shipper", "shipping captured calls", settings, log_path)
 
 
 def settings_on_private_nats(

@@ -1,0 +1,101 @@
+"""TUNELOOP_INGEST_CAPTURE=process through real processes (ingest service, shipper, nats-server,
+S3, SQLite): the gateway only journals its calls, the shipper turns them into samples; the
+shipper SIGKILLed mid-way and started again loses none and stores none twice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from services.ingest.journal import journal_dir, segment_id
+from shared import db, localstack
+from shared.settings import Settings
+from tests.fakes.upstream import RunningUpstream, recorded, upstream_key_env, upstreams_yaml
+from tests.plugins.infra import (
+    RunningProcess,
+    settings_env,
+    settings_on_private_nats,
+    shipper_process,
+)
+from tests.services.ingest.conftest import ADMIN
+
+FIRST, SECOND = 6, 9
+
+
+def _tenant_key(url: str) -> str:
+    created = httpx.post(
+        f"{url}/v1/admin/tenants", json={"id": "acme", "name": "Acme"}, headers=ADMIN
+    )
+    assert created.status_code == 201, created.text
+    return str(
+        httpx.post(
+            f"{url}/v1/admin/tenants/acme/api_keys", json={"name": "t"}, headers=ADMIN
+        ).json()["key"]
+    )
+
+
+@pytest.mark.slow
+def test_calls_journaled_by_the_gateway_are_stored_once_across_a_shipper_kill(
+    private_nats: RunningProcess,
+    s3_server: RunningProcess,
+    stack_settings: Settings,
+    tmp_path: Path,
+) -> None:
+    settings = settings_on_private_nats(tmp_path / "svc", private_nats, stack_settings)
+    db.migrate(settings.database_url)
+    with RunningUpstream() as upstream:
+        upstreams = tmp_path / "upstreams.yaml"
+        upstreams.write_text(upstreams_yaml(upstream.base_url))
+        env = settings_env(settings) | upstream_key_env() | {
+            "TUNELOOP_INGEST_UPSTREAMS_FILE": str(upstreams),
+            "TUNELOOP_INGEST_CAPTURE": "process",
+        }  # fmt: skip
+        gateway = RunningProcess(
+            localstack.component(settings, "ingest"), tmp_path / "ingest.log", env=env
+        )
+        gateway.start()
+        shipper = shipper_process(settings, tmp_path / "shipper.log")
+        try:
+            url = f"http://127.0.0.1:{settings.services.ingest_port}"
+            auth = {"Authorization": f"Bearer {_tenant_key(url)}"}
+            body = recorded("oa01_tool_calls_multiturn")["request"]["body"]
+
+            def call() -> None:
+                answer = httpx.post(f"{url}/v1/chat/completions", json=body, headers=auth)
+                assert answer.status_code == 200, answer.text
+
+            def stored() -> list[str]:
+                page = httpx.get(f"{url}/v1/samples", params={"limit": 100}, headers=auth)
+                return [sample["source_ref"] for sample in page.json()["data"]]
+
+            for _ in range(FIRST):
+                call()
+            # No shipper yet: answered, journaled, not a sample.
+            assert stored() == []
+            segments = [p for p in journal_dir(settings).glob("*.jsonl") if segment_id(p)]
+            assert len(segments) == 1
+            assert len(segments[0].read_bytes().splitlines()) == FIRST
+
+            shipper.start()
+            assert localstack.wait_until(lambda: len(stored()) == FIRST, 30), shipper.log()[-2000:]
+            shipper.kill()
+            for _ in range(SECOND):
+                call()
+            shipper = shipper_process(settings, tmp_path / "shipper.log")
+            shipper.start()
+            assert localstack.wait_until(lambda: len(stored()) == FIRST + SECOND, 30), (
+                shipper.log()[-2000:]
+            )
+            refs = stored()
+            assert len(set(refs)) == FIRST + SECOND  # each call once
+
+            # The gateway stops (SIGTERM): its last segment is closed, shipped and removed.
+            gateway.stop()
+            assert localstack.wait_until(
+                lambda: not [p for p in journal_dir(settings).glob("*.jsonl*")], 15
+            ), sorted(p.name for p in journal_dir(settings).iterdir())
+        finally:
+            shipper.stop()
+            gateway.stop()
