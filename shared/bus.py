@@ -12,13 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+import weakref
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
 import nats.errors
 import nats.js.errors
+import pydantic_core
+from faststream.exceptions import IncorrectState
 from faststream.middlewares import AckPolicy
 from faststream.nats import ConsumerConfig, DeliverPolicy, JStream, NatsBroker, NatsRouter, PullSub
 from nats.aio.client import Client as NatsClient
@@ -172,6 +175,75 @@ async def publish(broker: NatsBroker, event: Event, *, timeout_s: float = 5.0) -
         stream=event.stream.name,
         timeout=timeout_s,
     )
+
+
+# One JetStream context per connection: its async-publish reply inbox is a subscription, made
+# once, not per batch.
+_publish_contexts: weakref.WeakKeyDictionary[NatsClient, JetStreamContext] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _headers(event: Event) -> dict[str, str]:
+    """What `publish` sends, FastStream's own headers included, so its subscribers read the
+    messages `publish_many` sends as their own."""
+    return {
+        "content-type": "application/json",
+        "correlation_id": event.event_id,
+        "tuneloop-event": type(event).__name__,
+        "tuneloop-schema": str(event.schema_version),
+        "Nats-Msg-Id": event.event_id,
+    }
+
+
+async def publish_many(
+    broker: NatsBroker, events: Sequence[Event], *, timeout_s: float = 5.0
+) -> list[BaseException | None]:
+    """Publish JetStream events together: all go out at once and their acks are awaited as a
+    group (up to `timeout_s`). Returns each event's outcome in order: None when the stream
+    stored it, else the error, so the caller can keep exactly the ones that failed elsewhere.
+
+    Sent with nats-py's `publish_async` rather than FastStream's publish, which spends a request
+    inbox and a codec pass per message: ~90 us of CPU per captured sample against ~60.
+    """
+    try:
+        connection = broker.connection
+    except IncorrectState:  # FastStream's word for "never connected, or stopped"
+        connection = None
+    if connection is None:
+        return [BusUnavailable("not connected to NATS") for _ in events]
+    js = _publish_contexts.get(connection)
+    if js is None:
+        js = _publish_contexts[connection] = connection.jetstream()
+    pending: list[asyncio.Future[Any] | BaseException] = []
+    for event in events:
+        if event.stream is None:
+            pending.append(ValueError(f"{type(event).__name__} is not a JetStream event"))
+            continue
+        try:
+            pending.append(
+                await js.publish_async(
+                    event.subject,
+                    pydantic_core.to_json(event),
+                    stream=event.stream.name,
+                    headers=_headers(event),
+                )
+            )
+        except Exception as exc:  # not connected, too many in flight: this event failed
+            pending.append(exc)
+    futures = [f for f in pending if isinstance(f, asyncio.Future)]
+    if futures:
+        await asyncio.wait(futures, timeout=timeout_s)
+    return [_outcome(item) for item in pending]
+
+
+def _outcome(item: asyncio.Future[Any] | BaseException) -> BaseException | None:
+    if isinstance(item, BaseException):
+        return item
+    if not item.done():
+        item.cancel()
+        return TimeoutError("no ack from the stream in time")
+    return item.exception()
 
 
 def durable_name(service: str, event_cls: type[Event]) -> str:

@@ -33,6 +33,8 @@ from shared.processes import pid_alive
 log = logging.getLogger("tuneloop.ingest.capture")
 
 Publish = Callable[[SampleCaptured], Awaitable[None]]
+# Publishes events together; each one's outcome in order, None when it was stored.
+PublishMany = Callable[[list[SampleCaptured]], Awaitable[list[BaseException | None]]]
 
 
 @dataclass

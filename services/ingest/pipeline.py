@@ -7,7 +7,14 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from services.ingest.capture import CapturedCall, Fidelity, Publish, SpillFile, to_exchange
+from services.ingest.capture import (
+    CapturedCall,
+    Fidelity,
+    Publish,
+    PublishMany,
+    SpillFile,
+    to_exchange,
+)
 from services.ingest.journal import Journal, Ticket
 from services.ingest.media import offload_media
 from services.ingest.normalize import NormalizeError, normalize
@@ -25,6 +32,10 @@ def _event_id(sample: Sample) -> str:
     return f"{sample.id}-{len(sample.messages)}"
 
 
+def _event(sample: Sample) -> SampleCaptured:
+    return SampleCaptured(tenant=sample.tenant, event_id=_event_id(sample), sample=sample)
+
+
 def _has_inline_media(sample: Sample) -> bool:
     return any(
         isinstance(part, MediaPart) and part.data is not None
@@ -39,6 +50,7 @@ class CapturePipeline:
         *,
         publish: Publish,
         store: ObjectStore | None,
+        publish_many: PublishMany | None = None,
         spill: SpillFile,
         queue_size: int,
         can_publish: Callable[[], bool],
@@ -47,6 +59,8 @@ class CapturePipeline:
         replay_interval_s: float = 1.0,
     ) -> None:
         self._publish = publish
+        # Several samples in flight at once, each outcome reported (shared.bus.publish_many).
+        self._publish_many = publish_many
         self._store = store
         self.spill = spill
         self._queue: asyncio.Queue[tuple[CapturedCall, Ticket | None]] = asyncio.Queue(
@@ -122,49 +136,78 @@ class CapturePipeline:
                 self._queue.task_done()
 
     async def process(self, call: CapturedCall) -> None:
+        for sample in self._samples(call):
+            await self.deliver(sample)
+
+    async def process_many(self, calls: list[CapturedCall]) -> None:
+        """Calls in a batch (the shipper's), their samples published together."""
+        await self.deliver_many([sample for call in calls for sample in self._samples(call)])
+
+    def _samples(self, call: CapturedCall) -> list[Sample]:
+        """The call's samples; none when it is rejected (counted) or kept in the spill file."""
         try:
             normalized = normalize(to_exchange(call))
         except NormalizeError as exc:
             self.fidelity.count_rejected(call.tenant, "gateway", f"{exc.path}: {exc.reason}")
             log.warning("call %s not captured: %s", call.request_id, exc)
-            return
+            return []
         except Exception:
             # A bug of ours must not lose the call: keep it for a fixed version to replay.
             log.exception(
                 "call %s could not be normalised; kept in the spill file", call.request_id
             )
             self.spill.append("call", call.to_record())
-            return
+            return []
         for dropped in normalized.dropped:
             self.fidelity.count_dropped(call.tenant, "gateway", dropped.reason)
-        for sample in normalized.samples:
-            await self.deliver(sample)
+        return normalized.samples
+
+    async def _prepare(self, sample: Sample) -> Sample:
+        """Secrets scrubbed, inline media moved to object storage."""
+        sample = scrub_secrets(sample)
+        if _has_inline_media(sample):
+            if self._store is None:
+                raise RuntimeError("no object store configured for media")
+            sample = await asyncio.to_thread(offload_media, sample, self._store, self._known_media)
+            if len(self._known_media) > 100_000:
+                self._known_media.clear()  # only a cache of keys known to exist in S3
+        return sample
+
+    def _spill(self, sample: Sample, exc: BaseException) -> None:
+        log.warning("sample %s spilled for replay: %s: %s", sample.id, type(exc).__name__, exc)
+        self.spill.append("sample", sample.model_dump(mode="json"))
 
     async def deliver(self, sample: Sample) -> None:
         """Offload media, publish; on any failure keep the sample in the spill file."""
         try:
-            sample = scrub_secrets(sample)
-            if _has_inline_media(sample):
-                if self._store is None:
-                    raise RuntimeError("no object store configured for media")
-                sample = await asyncio.to_thread(
-                    offload_media, sample, self._store, self._known_media
-                )
-                if len(self._known_media) > 100_000:
-                    self._known_media.clear()  # only a cache of keys known to exist in S3
-            await self._publish(
-                SampleCaptured(tenant=sample.tenant, event_id=_event_id(sample), sample=sample)
-            )
+            sample = await self._prepare(sample)
+            await self._publish(_event(sample))
         except Exception as exc:
-            log.warning("sample %s spilled for replay: %s: %s", sample.id, type(exc).__name__, exc)
-            self.spill.append("sample", sample.model_dump(mode="json"))
+            self._spill(sample, exc)
             return
         self.fidelity.count_sample(sample.tenant, sample.source)
 
-    async def deliver_many(self, samples: list[Sample], *, concurrency: int = 64) -> None:
-        """Deliver a batch (an upload chunk, an OTLP request) with publishes in flight together."""
-        for start in range(0, len(samples), concurrency):
-            await asyncio.gather(*(self.deliver(s) for s in samples[start : start + concurrency]))
+    async def deliver_many(self, samples: list[Sample], *, batch: int = 256) -> None:
+        """Deliver many samples (an upload chunk, an OTLP request, a shipper batch): published
+        together, each one that fails kept in the spill file."""
+        if self._publish_many is None:
+            for start in range(0, len(samples), 64):
+                await asyncio.gather(*(self.deliver(s) for s in samples[start : start + 64]))
+            return
+        ready: list[Sample] = []
+        for sample in samples:
+            try:
+                ready.append(await self._prepare(sample))
+            except Exception as exc:
+                self._spill(sample, exc)
+        for start in range(0, len(ready), batch):
+            chunk = ready[start : start + batch]
+            outcomes = await self._publish_many([_event(sample) for sample in chunk])
+            for sample, error in zip(chunk, outcomes, strict=True):
+                if error is None:
+                    self.fidelity.count_sample(sample.tenant, sample.source)
+                else:
+                    self._spill(sample, error)
 
     async def replay(self) -> int:
         """Process every spilled record once; what fails again is spilled anew. Returns the count."""

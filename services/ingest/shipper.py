@@ -149,7 +149,7 @@ class JournalShipper:
                 return shipped
             if batch.end == offset:
                 break
-            await asyncio.gather(*(self.pipeline.process(call) for call in batch.calls))
+            await self.pipeline.process_many(batch.calls)
             offset = batch.end
             self._offsets[segment.path] = offset
             segment.offset_path.write_text(str(offset))
@@ -220,8 +220,12 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     def can_publish() -> bool:
         return broker.connection is not None and broker.connection.is_connected
 
+    async def publish_many(events: list[SampleCaptured]) -> list[BaseException | None]:
+        return await bus.publish_many(broker, events)
+
     pipeline = CapturePipeline(
         publish=publish,
+        publish_many=publish_many,
         store=store,
         spill=SpillFile(settings.app.data_dir.resolve() / "ingest" / "capture-spill.jsonl"),
         queue_size=IngestSettings().capture_queue_size,

@@ -64,8 +64,13 @@ class Ingest:
 
         shipped = ingest_settings.capture == "process"
         journal = Journal(journal_dir(settings), shipped=shipped)
+
+        async def publish_many(events: list[SampleCaptured]) -> list[BaseException | None]:
+            return await bus.publish_many(broker, events)
+
         pipeline = CapturePipeline(
             publish=publish,
+            publish_many=publish_many,
             store=store,
             spill=SpillFile(settings.app.data_dir.resolve() / "ingest" / "capture-spill.jsonl"),
             journal=None if shipped else journal,

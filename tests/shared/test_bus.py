@@ -2,6 +2,7 @@
 
 import asyncio
 import uuid
+from pathlib import Path
 
 import nats
 import pytest
@@ -10,7 +11,7 @@ from faststream.nats import NatsBroker
 from shared import bus
 from shared.events import JOBS, STREAMS, JobQueued
 from shared.settings import NatsSettings, Settings
-from tests.plugins.infra import RunningProcess, free_port
+from tests.plugins.infra import RunningProcess, free_port, make_settings
 
 
 @pytest.fixture
@@ -97,6 +98,57 @@ async def test_republishing_the_same_event_is_stored_once(nats_settings: NatsSet
         assert JobQueued.model_validate_json(stored.data) == event
     finally:
         await producer.stop()
+
+
+async def test_events_published_together_reach_a_faststream_subscriber_once_each(
+    nats_settings: NatsSettings,
+) -> None:
+    tenant = _tenant()
+    received: list[JobQueued] = []
+    consumer = await _started(nats_settings, "consumer")
+
+    @bus.subscribe(consumer, JobQueued, service=f"svc{uuid.uuid4().hex[:6]}")
+    async def on_queued(event: JobQueued) -> None:
+        if event.tenant == tenant:
+            received.append(event)
+
+    await consumer.start()
+    producer = await _started(nats_settings, "producer")
+    try:
+        sent = [JobQueued(tenant=tenant, job_id=f"job-{n}", position=n) for n in range(20)]
+        # The first event again: a retry inside the duplicate window is stored once.
+        assert await bus.publish_many(producer, [*sent, sent[0]]) == [None] * 21
+        await _wait_for(lambda: len(received) == 20)
+        await asyncio.sleep(0.3)  # room for a duplicate to show up
+        assert sorted(received, key=lambda e: e.position) == sent
+    finally:
+        await producer.stop()
+        await consumer.stop()
+
+
+async def test_events_published_together_without_nats_each_report_their_error(
+    private_nats: RunningProcess, tmp_path: Path
+) -> None:
+    settings = make_settings(
+        tmp_path,
+        nats={
+            "port": private_nats.component.ports[0].number,
+            "monitor_port": private_nats.component.ports[1].number,
+        },
+    ).nats
+    producer = await _started(settings, "producer")
+    events = [JobQueued(tenant=_tenant(), job_id=f"job-{n}", position=n) for n in range(3)]
+    private_nats.kill()  # an outage: the client is reconnecting, its publishes go nowhere
+    outcomes = await bus.publish_many(producer, events, timeout_s=1.0)
+    assert [type(outcome) for outcome in outcomes] == [TimeoutError] * 3
+    private_nats.start()
+    await _wait_for(lambda: producer.connection.is_connected, 15)
+    await bus.declare_streams(producer.connection.jetstream(), settings)  # a fresh server
+    assert await bus.publish_many(producer, events) == [None] * 3
+    await producer.stop()
+    # A stopped broker: every event fails at once, none raises.
+    outcomes = await bus.publish_many(producer, events, timeout_s=1.0)
+    assert [type(outcome) for outcome in outcomes] == [bus.BusUnavailable] * 3
 
 
 async def test_a_failing_handler_gets_the_event_again(nats_settings: NatsSettings) -> None:
