@@ -105,7 +105,8 @@ def _read_spans(spans: list[Span], result: TraceResult) -> tuple[list[ChatCall],
         except ContentError as exc:
             result.rejected.append(RejectedSpan(span.trace_id, span.span_id, str(exc)))
             continue
-        result.dropped.extend(_dropped(span, notes))
+        if notes:
+            result.dropped.extend(_dropped(span, notes))
         if isinstance(item, ChatCall):
             calls.append(item)
         elif isinstance(item, ToolRun):
@@ -147,13 +148,17 @@ class _KeyMemo:
 def message_key(message: Msg) -> tuple[Any, ...]:
     """What makes two messages the same turn across spans: role, content and tool calls; ids
     and whitespace at the ends do not count."""
+    # List comprehensions, not generators: this runs for each distinct message of a trace.
     parts = tuple(
-        part["text"].strip()
-        if part["type"] == "text"
-        else (part.get("url"), part.get("data"), part.get("file_id"))
-        for part in message["content"]
+        [
+            part["text"].strip()
+            if part["type"] == "text"
+            else (part.get("url"), part.get("data"), part.get("file_id"))
+            for part in message["content"]
+        ]
     )
-    calls = tuple((c["name"], c["arguments"]) for c in message.get("tool_calls", ()))
+    tool_calls = message.get("tool_calls")
+    calls = tuple([(c["name"], c["arguments"]) for c in tool_calls]) if tool_calls else ()
     return (message["role"], parts, calls)
 
 

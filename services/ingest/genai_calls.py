@@ -83,9 +83,12 @@ def read_span(
 
 
 def _has_genai(span: Span) -> bool:
-    return any(key.startswith(_GENAI_PREFIXES) for key in span.attributes) or any(
-        event.name.startswith("gen_ai.") for event in span.events
-    )
+    # A plain loop over the keys rather than any() over a generator: this runs for every span of
+    # every trace, and most spans have several attributes.
+    for key in span.attributes:
+        if key.startswith(_GENAI_PREFIXES):
+            return True
+    return any(event.name.startswith("gen_ai.") for event in span.events)
 
 
 def _is_model_call(attrs: dict[str, Any]) -> bool:
@@ -125,11 +128,12 @@ def _chat_call(
         [] if raw_input is None else convert_messages(raw_input, content.input_path, notes, cache)
     )
     if content.instructions is not None:
-        messages[:0] = _instructions(content.instructions, content.instructions_path, notes)
+        path = content.instructions_path
+        messages[:0] = _instructions(content.instructions, path, notes, cache)
     outputs: list[tuple[Msg, str | None]] = []
     if raw_output is not None:
         decoded = decode_json(raw_output, content.output_path)
-        outputs = convert_outputs(decoded, content.output_path, notes)
+        outputs = convert_outputs(decoded, content.output_path, notes, cache)
     pair_tool_results(messages, content.input_path, notes)
     return ChatCall(span, content.dialect, messages, outputs, content.agent_level)
 
@@ -143,15 +147,21 @@ def _split_answer(messages: list[Any]) -> tuple[list[Any], list[Any] | None]:
     return messages, None
 
 
-def _instructions(value: Any, path: str, notes: Notes) -> list[Msg]:
-    """`gen_ai.system_instructions`: a part array as the spec says, or a bare string (lf04)."""
+def _instructions(
+    value: Any, path: str, notes: Notes, cache: ConversionCache | None = None
+) -> list[Msg]:
+    """`gen_ai.system_instructions`: a part array as the spec says, or a bare string (lf04).
+    Every model call of a trace repeats them: through `cache`, they convert once per trace."""
     if isinstance(value, str):
         with contextlib.suppress(ContentError):  # not JSON: the instructions themselves
             value = decode_json(value, path)
     if isinstance(value, str):
         return [{"role": "system", "content": [{"type": "text", "text": value}]}] if value else []
     parts = value if isinstance(value, list) else [value]
-    return convert_message({"role": "system", "parts": parts}, path, notes)
+    message = {"role": "system", "parts": parts}
+    if cache is not None:
+        return cache.convert(message, path, notes)
+    return convert_message(message, path, notes)
 
 
 def call_tools(call: ChatCall, notes: Notes) -> list[dict[str, Any]]:

@@ -75,20 +75,24 @@ def details_attributes(span: Span) -> dict[str, Any]:
 
 
 def read_semconv(span: Span, notes: Notes) -> RawContent | None:
+    attrs, details = span.attributes, details_attributes(span)
     content = RawContent("semconv")
-    details = details_attributes(span)
-    for key, slot in ((INPUT, "input"), (OUTPUT, "output"), (INSTRUCTIONS, "instructions")):
-        if key in span.attributes:
-            value, path = span.attributes[key], key
-        elif key in details:
-            value, path = details[key], f"{DETAILS_EVENT}/{key}"
-        else:
-            continue
-        setattr(content, slot, value)
-        setattr(content, f"{slot}_path", path)
-    operation = span.attributes.get("gen_ai.operation.name")
-    content.agent_level = operation in ("invoke_agent", "create_agent")
-    return content if content.input is not None or content.output is not None else None
+    content.input, content.input_path = _semconv_value(attrs, details, INPUT)
+    content.output, content.output_path = _semconv_value(attrs, details, OUTPUT)
+    if content.input is None and content.output is None:
+        return None
+    content.instructions, content.instructions_path = _semconv_value(attrs, details, INSTRUCTIONS)
+    content.agent_level = attrs.get("gen_ai.operation.name") in ("invoke_agent", "create_agent")
+    return content
+
+
+def _semconv_value(attrs: dict[str, Any], details: dict[str, Any], key: str) -> tuple[Any, str]:
+    """A semconv attribute and its path: on the span, else on the operation-details event."""
+    if key in attrs:
+        return attrs[key], key
+    if key in details:
+        return details[key], f"{DETAILS_EVENT}/{key}"
+    return None, ""
 
 
 def read_pydantic_ai(span: Span, notes: Notes) -> RawContent | None:

@@ -117,14 +117,18 @@ def convert_messages(
     return messages
 
 
-def convert_outputs(items: Any, path: str, notes: Notes) -> list[tuple[Msg, str | None]]:
-    """Output messages (one per choice) with each choice's raw finish reason."""
+def convert_outputs(
+    items: Any, path: str, notes: Notes, cache: ConversionCache | None = None
+) -> list[tuple[Msg, str | None]]:
+    """Output messages (one per choice) with each choice's raw finish reason. Through `cache`,
+    a call's answer is the same dict as that message in the next call's history."""
     if not isinstance(items, list):
         raise ContentError(path, "must be an array of messages")
+    convert = cache.convert if cache is not None else convert_message
     outputs: list[tuple[Msg, str | None]] = []
     for i, item in enumerate(items):
         item_path = f"{path}[{i}]"
-        converted = convert_message(item, item_path, notes)
+        converted = convert(item, item_path, notes)
         finish = item.get("finish_reason") if isinstance(item, dict) else None
         if finish is not None and not isinstance(finish, str):
             raise ContentError(f"{item_path}.finish_reason", "must be a string")

@@ -188,7 +188,12 @@ def response_model(attrs: dict[str, Any]) -> str | None:
 
 def provider(attrs: dict[str, Any]) -> tuple[Provider, str | None]:
     """(canonical provider, the name as the span spelled it)."""
-    raw = next((v for k in _PROVIDER_KEYS if isinstance(v := attrs.get(k), str) and v), None)
+    raw = None
+    for key in _PROVIDER_KEYS:
+        value = attrs.get(key)
+        if isinstance(value, str) and value:
+            raw = value
+            break
     name = (raw or "").lower()
     if "openai" in name:  # openai, OpenAI, azure.ai.openai
         return "openai", raw

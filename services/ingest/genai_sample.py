@@ -78,6 +78,7 @@ def build_samples(
     base = messages[:-1] if last.outputs else messages
     choices: list[tuple[Msg | None, str | None]] = list(last.outputs) or [(None, None)]
     reasons = genai_meta.finish_reasons(attrs)
+    provider = genai_meta.provider(attrs)
     common = {
         "tenant": tenant,
         "source": "otlp",
@@ -85,21 +86,25 @@ def build_samples(
         "created_at": _EPOCH + timedelta(microseconds=span.start_ns // 1000),
         "tools": _tools(last, calls, notes),
         "params": genai_meta.request_params(attrs),
-        "metadata": _metadata(last, len(calls), tool_runs, attrs),
+        "metadata": _metadata(last, len(calls), tool_runs, attrs, provider[1]),
     }
     samples = []
     for index, (answer, finish) in enumerate(choices):
         raw = finish or (reasons[index] if index < len(reasons) else None)
         sent = [*base, answer] if answer is not None else base
-        response = _response(span, attrs, index, raw, answer)
+        response = _response(span, attrs, provider[0], index, raw, answer)
         samples.append(Sample.model_validate({**common, "messages": sent, "response": response}))
     return samples
 
 
 def _response(
-    span: Span, attrs: dict[str, Any], index: int, raw: str | None, answer: Msg | None
+    span: Span,
+    attrs: dict[str, Any],
+    provider: str,
+    index: int,
+    raw: str | None,
+    answer: Msg | None,
 ) -> dict[str, Any]:
-    provider, _ = genai_meta.provider(attrs)
     response: dict[str, Any] = {
         "provider": provider,
         "model_requested": genai_meta.requested_model(attrs),
@@ -146,10 +151,13 @@ def _tools(last: ChatCall, calls: list[ChatCall], notes: Notes) -> list[dict[str
 
 
 def _metadata(
-    last: ChatCall, model_calls: int, tool_runs: int, attrs: dict[str, Any]
+    last: ChatCall,
+    model_calls: int,
+    tool_runs: int,
+    attrs: dict[str, Any],
+    raw_provider: str | None,
 ) -> dict[str, Any]:
     span = last.span
-    _, raw_provider = genai_meta.provider(attrs)
     metadata: dict[str, Any] = {
         "otlp.span_name": span.name,
         "otlp.dialect": last.dialect,

@@ -19,6 +19,9 @@ from services.ingest.otlp_model import (
     ValueTooLarge,
 )
 
+# AnyValue variants read as they are, with no size limit or nesting to check.
+_PLAIN_SCALARS = frozenset({"int_value", "bool_value", "double_value"})
+
 
 def decode_proto_request(raw: bytes, limits: Limits) -> list[Span]:
     """A binary `ExportTraceServiceRequest` -> its spans, in request order."""
@@ -35,12 +38,17 @@ def decode_proto_request(raw: bytes, limits: Limits) -> list[Span]:
     return decoder.spans
 
 
-def _bytes_id(raw: bytes, size: int, where: str, *, optional: bool = False) -> str | None:
-    if optional and not raw.strip(b"\0"):
-        return None
+def _bytes_id(raw: bytes, size: int, where: str) -> str:
     if len(raw) != size:
         raise BadValue(where, f"not {size} bytes")
     return raw.hex()
+
+
+def _parent_id(raw: bytes) -> str | None:
+    """None for a root span: the field is empty (or, from some exporters, all zeros)."""
+    if not raw.strip(b"\0"):
+        return None
+    return _bytes_id(raw, 8, ".parentSpanId")
 
 
 class _ProtoDecoder:
@@ -67,33 +75,38 @@ class _ProtoDecoder:
         for j, ss in enumerate(rs.scope_spans):
             if len(self.spans) + len(ss.spans) > self.limits.max_spans:
                 raise OtlpTooLargeError("body", f"more than {self.limits.max_spans} spans")
-            scope_name, scope_version = ss.scope.name or None, ss.scope.version or None
+            scope = ss.scope
+            scope_name, scope_version = scope.name or None, scope.version or None
             for k, span in enumerate(ss.spans):
                 try:
-                    decoded = self._span(span, resource)
+                    decoded = self._span(span, resource, scope_name, scope_version)
                 except BadValue as exc:
                     raise exc.under(f".scopeSpans[{j}].spans[{k}]") from None
-                decoded.scope_name, decoded.scope_version = scope_name, scope_version
                 self.spans.append(decoded)
 
-    def _span(self, span: Any, resource: dict[str, Any]) -> Span:
+    def _span(
+        self, span: Any, resource: dict[str, Any], scope_name: str | None, scope_version: str | None
+    ) -> Span:
         oversized: dict[str, int] = {}
         try:
             attributes = self._attributes(span.attributes, oversized)
         except BadValue as exc:
             raise exc.under(".attributes") from None
+        events, status = span.events, span.status
         return Span(
-            trace_id=str(_bytes_id(span.trace_id, 16, ".traceId")),
-            span_id=str(_bytes_id(span.span_id, 8, ".spanId")),
-            parent_span_id=_bytes_id(span.parent_span_id, 8, ".parentSpanId", optional=True),
+            trace_id=_bytes_id(span.trace_id, 16, ".traceId"),
+            span_id=_bytes_id(span.span_id, 8, ".spanId"),
+            parent_span_id=_parent_id(span.parent_span_id),
             name=span.name,
             kind=span.kind,
             start_ns=span.start_time_unix_nano,
             end_ns=span.end_time_unix_nano,
             attributes=attributes,
-            events=self._events(span.events, oversized),
-            status=SpanStatus(span.status.code, span.status.message),
+            events=self._events(events, oversized) if events else [],  # most spans have none
+            status=SpanStatus(status.code, status.message),
             resource=resource,
+            scope_name=scope_name,
+            scope_version=scope_version,
             oversized=oversized,
         )
 
@@ -117,13 +130,27 @@ class _ProtoDecoder:
             reason = f"more than {self.limits.max_attributes} attributes"
             raise BadValue("", reason, too_large=True)
         attrs: dict[str, Any] = {}
+        max_value = self.max_value
         for i, pair in enumerate(items):
-            try:
-                attrs[pair.key] = self._value(pair.value, 0)
-            except ValueTooLarge as exc:
-                oversized[pair.key] = exc.size
-            except BadValue as exc:
-                raise exc.under(f"[{i}].value") from None
+            value = pair.value
+            which = value.WhichOneof("value")
+            # Nearly every attribute is a string or a plain scalar: those are read inline, as a
+            # call to `_value` per attribute is a good part of the decode time.
+            if which == "string_value":
+                text = value.string_value
+                if len(text) > max_value:
+                    oversized[pair.key] = len(text)
+                else:
+                    attrs[pair.key] = text
+            elif which in _PLAIN_SCALARS:
+                attrs[pair.key] = getattr(value, which)
+            else:
+                try:
+                    attrs[pair.key] = self._value(value, 0)
+                except ValueTooLarge as exc:
+                    oversized[pair.key] = exc.size
+                except BadValue as exc:
+                    raise exc.under(f"[{i}].value") from None
         return attrs
 
     def _value(self, value: AnyValue, depth: int) -> Any:
