@@ -37,6 +37,10 @@ class IngestSettings(BaseSettings):
     # services.ingest.shipper`, on the same machine, does the rest (shipper.py). Uploads and
     # OTLP exports are captured where they arrive either way.
     capture: Literal["inline", "process"] = "inline"
+    # Uploaded files (uploads.py): the process working a file holds a lease on it this long and
+    # renews it every third of it; a file whose lease ran out (its process died) is taken over by
+    # the next sweep, which every process runs every half of it.
+    upload_lease_s: float = Field(default=60.0, gt=0)
     # How long a verified API key is trusted without asking the database again.
     auth_cache_ttl_s: float = Field(default=30.0, ge=0)
     # Dataset builds (datasets.py). JetStream redelivers a build's event when its worker has not

@@ -52,7 +52,7 @@ class Gateway:
         settings: IngestSettings,
         routes: RoutingTable,
         authenticator: CachedAuthenticator,
-        capture: Callable[[CapturedCall], None],
+        capture: Callable[[CapturedCall], object],  # what it returns is not used
         served_by: str = "ingest",
     ) -> None:
         self.settings = settings

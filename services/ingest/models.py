@@ -61,6 +61,10 @@ class UploadedFile(SQLModel, table=True):
     # The import report (accepted, rejected lines with reasons, ...) once processed, as JSON.
     report: bytes | None = Field(default=None, sa_type=sa.LargeBinary)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    # Which process works the file (host:pid:random) and until when: it renews the lease while
+    # it works, so a file whose lease ran out belonged to a process that died and is taken over.
+    lease_owner: str | None = Field(default=None, max_length=128)
+    lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 class DatasetRow(SQLModel, table=True):

@@ -23,7 +23,6 @@ from services.ingest.pipeline import CapturePipeline
 from services.ingest.routing import RoutingTable, load_upstreams
 from shared import bus
 from shared.auth import CachedAuthenticator
-from shared.db import session_scope
 from shared.events import SampleCaptured
 from shared.settings import Settings
 from shared.storage import ObjectStore
@@ -49,6 +48,7 @@ class Ingest:
     # TUNELOOP_INGEST_CAPTURE=process: where proxied calls go for the shipper process.
     shipped_journal: Journal | None = None
     _file_tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _upload_sweep: asyncio.Task[None] | None = None
 
     @classmethod
     def build(cls, *, settings: Settings, engine: Engine, broker: NatsBroker) -> Ingest:
@@ -104,21 +104,18 @@ class Ingest:
 
     def process_in_background(self, row: UploadedFile) -> None:
         task = asyncio.create_task(
-            uploads.process_file(
+            uploads.claim_and_process(
                 engine=self.engine,
                 store=self.store,
                 pipeline=self.pipeline,
                 row=row,
                 spool_dir=self.spool_dir,
+                lease_s=self.settings.upload_lease_s,
             ),
             name=f"upload-{row.id}",
         )
         self._file_tasks.add(task)
         task.add_done_callback(self._file_tasks.discard)
-
-    def _unfinished_files(self) -> list[UploadedFile]:
-        with session_scope(self.engine) as session:
-            return uploads.unfinished(session)
 
     async def start(self) -> None:
         await asyncio.to_thread(self.store.wait_until_ready)
@@ -127,11 +124,19 @@ class Ingest:
         if self.persister is not None:
             await self.persister.start()
         await self.fidelity.start()
-        for row in await asyncio.to_thread(self._unfinished_files):
-            self.process_in_background(row)
+        self._upload_sweep = asyncio.create_task(
+            uploads.sweep(
+                self.engine,
+                every_s=self.settings.upload_lease_s / 2,
+                start=self.process_in_background,
+            ),
+            name="upload-sweep",
+        )
 
     async def stop(self) -> None:
-        # Unfinished files are picked up again at the next start-up.
+        # Unfinished files are handed back; a live process's sweep takes them.
+        if self._upload_sweep is not None:
+            self._upload_sweep.cancel()
         for task in list(self._file_tasks):
             task.cancel()
         await asyncio.gather(*self._file_tasks, return_exceptions=True)

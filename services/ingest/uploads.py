@@ -1,33 +1,39 @@
 """Uploads: JSONL files and import streams become samples, line by line, never whole in memory.
 
 `POST /v1/files` stores the file in object storage first (so it survives a restart), answers at
-once like OpenAI's files API, and processes it in the background; a file still `uploaded` or
-`processing` when the service stops is processed again at start-up (sample ids come from
-`<file id>:<line>`, so doing it twice stores nothing twice). `POST /v1/samples/import` reads the
-request body as it arrives and answers with the report.
+once like OpenAI's files API, and processes it in the background. One live process works a file:
+it takes a lease on the file's row with one conditional UPDATE and renews it while it works. Every
+process sweeps now and then for unfinished files nobody holds (new ones, and those whose process
+died and let the lease run out) and takes them over. Sample ids come from `<file id>:<line>`, so a
+file worked twice stores nothing twice. `POST /v1/samples/import` reads the request body as it
+arrives and answers with the report.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import shutil
+import socket
 import tempfile
 import uuid
-from collections.abc import AsyncIterable, Iterable, Iterator
-from datetime import UTC, datetime
+from collections.abc import AsyncIterable, Callable, Iterable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import orjson
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col, select
+from sqlmodel import col, select
 
 from services.ingest.formats import ImportReport, LineError, ParsedLine, aparse_lines
 from services.ingest.models import UploadedFile
 from services.ingest.pipeline import CapturePipeline
 from shared.chat import Sample
-from shared.db import session_scope
+from shared.db import session_scope, utcnow
 from shared.storage import ObjectStore
 
 log = logging.getLogger("tuneloop.ingest.uploads")
@@ -95,15 +101,131 @@ def store_upload(
     return size
 
 
-def _set_status(engine: Engine, file_id: str, **fields: Any) -> None:
+# --- leases: which process works a file ------------------------------------------------------
+
+_UNFINISHED = ("uploaded", "processing")
+
+
+def new_lease_owner() -> str:
+    """host:pid say which process holds a lease; the random part tells its claims apart, so a
+    process that lost a lease while paused and took the file again later is not its own rival."""
+    return f"{socket.gethostname()[:64]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def _claimable(now: datetime) -> sa.ColumnElement[bool]:
+    expires = col(UploadedFile.lease_expires_at)
+    return sa.and_(
+        col(UploadedFile.status).in_(_UNFINISHED),
+        sa.or_(expires.is_(None), expires < now),
+    )
+
+
+def claim(engine: Engine, file_id: str, *, owner: str, lease_s: float) -> UploadedFile | None:
+    """Take the file for `owner` when it is unfinished and no lease on it runs. Returns the row
+    as claimed, or None: another process holds it, or it is done."""
+    now = utcnow()
+    statement = (
+        sa.update(UploadedFile)
+        .where(col(UploadedFile.id) == file_id, _claimable(now))
+        .values(
+            status="processing",
+            lease_owner=owner,
+            lease_expires_at=now + timedelta(seconds=lease_s),
+        )
+    )
     with session_scope(engine) as session:
-        row = session.get(UploadedFile, file_id)
-        if row is None:
-            return
-        for name, value in fields.items():
-            setattr(row, name, value)
-        session.add(row)
+        if session.execute(statement).rowcount != 1:  # type: ignore[attr-defined]
+            return None
         session.commit()
+        return session.get(UploadedFile, file_id)
+
+
+def _update_mine(engine: Engine, file_id: str, owner: str, **values: Any) -> bool:
+    """Update the row only while `owner` holds the file's lease; False once it does not."""
+    statement = (
+        sa.update(UploadedFile)
+        .where(
+            col(UploadedFile.id) == file_id,
+            col(UploadedFile.lease_owner) == owner,
+            col(UploadedFile.status).in_(_UNFINISHED),
+        )
+        .values(**values)
+    )
+    with session_scope(engine) as session:
+        mine = session.execute(statement).rowcount == 1  # type: ignore[attr-defined]
+    return bool(mine)
+
+
+def renew(engine: Engine, file_id: str, *, owner: str, lease_s: float) -> bool:
+    # Still ours after running out, as long as nobody took it meanwhile.
+    return _update_mine(
+        engine, file_id, owner, lease_expires_at=utcnow() + timedelta(seconds=lease_s)
+    )
+
+
+def release(engine: Engine, file_id: str, *, owner: str) -> bool:
+    """Hand an unfinished file back (shutting down): the next sweep anywhere may take it."""
+    return _update_mine(engine, file_id, owner, lease_owner=None, lease_expires_at=None)
+
+
+def finish(engine: Engine, file_id: str, *, owner: str, **outcome: Any) -> bool:
+    """Write the outcome (status, details, report) if `owner` still holds the lease."""
+    return _update_mine(engine, file_id, owner, lease_owner=None, lease_expires_at=None, **outcome)
+
+
+def claimable(engine: Engine) -> list[UploadedFile]:
+    """Unfinished files no live process holds: new ones, and those whose process died."""
+    with session_scope(engine) as session:
+        return list(session.exec(select(UploadedFile).where(_claimable(utcnow()))))
+
+
+# --- working a file ---------------------------------------------------------------------------
+
+
+async def sweep(engine: Engine, *, every_s: float, start: Callable[[UploadedFile], None]) -> None:
+    """Forever: hand each claimable file to `start`, which claims it before working it (several
+    processes sweep; the claim decides which one works the file)."""
+    while True:
+        try:
+            rows = await asyncio.to_thread(claimable, engine)
+        except Exception:
+            log.warning("upload sweep failed; next one in %.0f s", every_s, exc_info=True)
+            rows = []
+        for row in rows:
+            start(row)
+        await asyncio.sleep(every_s)
+
+
+async def claim_and_process(
+    *,
+    engine: Engine,
+    store: ObjectStore,
+    pipeline: CapturePipeline,
+    row: UploadedFile,
+    spool_dir: Path,
+    lease_s: float,
+) -> None:
+    """Work the file if this process wins its lease; otherwise leave it to the holder."""
+    owner = new_lease_owner()
+    try:
+        claimed = await asyncio.to_thread(claim, engine, row.id, owner=owner, lease_s=lease_s)
+    except Exception:
+        log.warning(
+            "file %s could not be claimed; a later sweep tries again", row.id, exc_info=True
+        )
+        return
+    if claimed is None:
+        log.debug("file %s is held by another process or done", row.id)
+        return
+    await process_file(
+        engine=engine,
+        store=store,
+        pipeline=pipeline,
+        row=claimed,
+        spool_dir=spool_dir,
+        owner=owner,
+        lease_s=lease_s,
+    )
 
 
 async def process_file(
@@ -113,10 +235,60 @@ async def process_file(
     pipeline: CapturePipeline,
     row: UploadedFile,
     spool_dir: Path,
+    owner: str,
+    lease_s: float,
 ) -> None:
-    """Fetch the stored file and import it; the outcome goes on the file's row."""
-    await asyncio.to_thread(_set_status, engine, row.id, status="processing")
-    local = spool_dir / f"{row.id}.jsonl"  # get_file makes the folder
+    """Import a file whose lease `owner` holds, renewing the lease until done. Stops when another
+    process took the lease over (this one was paused past it), and then writes nothing: the
+    outcome on the row is the new holder's."""
+    work = asyncio.create_task(_import_file(store, pipeline, row, spool_dir))
+    keeper = asyncio.create_task(_keep_lease(engine, row.id, owner=owner, lease_s=lease_s))
+    try:
+        done, _ = await asyncio.wait((work, keeper), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        # Shutting down: a live process may take the file at once instead of after the lease.
+        with contextlib.suppress(Exception):
+            release(engine, row.id, owner=owner)
+        raise
+    finally:
+        work.cancel()
+        keeper.cancel()
+        await asyncio.gather(work, keeper, return_exceptions=True)
+    if work not in done:
+        log.warning("file %s: its lease was taken over by another process; stopped", row.id)
+        return
+    try:
+        mine = await asyncio.to_thread(finish, engine, row.id, owner=owner, **work.result())
+    except Exception:
+        log.warning("file %s: outcome not written; done again once the lease runs out", row.id)
+        return
+    if not mine:
+        log.warning(
+            "file %s: lease lost before the outcome was written; the new holder's stands", row.id
+        )
+
+
+async def _keep_lease(engine: Engine, file_id: str, *, owner: str, lease_s: float) -> None:
+    """Renew the lease every third of it; return once another process holds it."""
+    while True:
+        await asyncio.sleep(lease_s / 3)
+        try:
+            mine = await asyncio.to_thread(renew, engine, file_id, owner=owner, lease_s=lease_s)
+        except Exception:
+            # The database away for a moment: two more tries before the lease runs out.
+            log.warning("file %s: lease renewal failed", file_id, exc_info=True)
+            continue
+        if not mine:
+            return
+
+
+async def _import_file(
+    store: ObjectStore, pipeline: CapturePipeline, row: UploadedFile, spool_dir: Path
+) -> dict[str, Any]:
+    """Fetch the stored file and import it. Returns the outcome, as the row's fields."""
+    # A name of this attempt's own: two processes on one machine never share a spool file, even
+    # if both worked the file. get_file makes the folder.
+    local = spool_dir / f"{row.id}.{os.getpid()}.{uuid.uuid4().hex[:8]}.jsonl"
     try:
         await asyncio.to_thread(store.get_file, file_key(row.tenant, row.id), local)
         with local.open("rb") as handle:
@@ -125,31 +297,15 @@ async def process_file(
             )
     except Exception as exc:
         log.exception("file %s could not be processed", row.id)
-        await asyncio.to_thread(
-            _set_status,
-            engine,
-            row.id,
-            status="error",
-            status_details=f"{type(exc).__name__}: {exc}"[:2000],
-        )
-        return
+        return {"status": "error", "status_details": f"{type(exc).__name__}: {exc}"[:2000]}
     finally:
         local.unlink(missing_ok=True)
     summary = report.to_dict()
-    await asyncio.to_thread(
-        _set_status,
-        engine,
-        row.id,
-        status="processed",
-        status_details=str(summary.get("status_details", ""))[:2000],
-        report=report.to_json(),
-    )
-
-
-def unfinished(session: Session) -> list[UploadedFile]:
-    """Files a stopped process did not finish; they are processed again."""
-    statement = select(UploadedFile).where(col(UploadedFile.status).in_(["uploaded", "processing"]))
-    return list(session.exec(statement))
+    return {
+        "status": "processed",
+        "status_details": str(summary.get("status_details", ""))[:2000],
+        "report": report.to_json(),
+    }
 
 
 def file_object(row: UploadedFile) -> dict[str, Any]:
