@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 
 def pid_alive(pid: int) -> bool:
@@ -16,3 +17,18 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:  # exists, owned by someone else
         return True
     return True
+
+
+CpuClass = Literal["idle", "nice", "normal"]
+
+
+def lower_cpu_priority(cpu_class: CpuClass) -> None:
+    """Put this process behind the machine's latency-sensitive work, for background processes
+    that can catch up later. "idle" (Linux SCHED_IDLE) runs it only on a core nothing else
+    wants, and a woken normal process takes the core from it at once; "nice" (nice 10) only
+    weighs it down, so it still takes its share of a busy core. Threads started afterwards
+    inherit the class: call it first thing."""
+    if cpu_class == "idle":
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    elif cpu_class == "nice":
+        os.nice(10)

@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.processes import CpuClass
+
 _DEFAULT_UPSTREAMS = Path(__file__).resolve().parents[2] / "deploy" / "local" / "upstreams.yaml"
 
 
@@ -37,6 +39,10 @@ class IngestSettings(BaseSettings):
     # services.ingest.shipper`, on the same machine, does the rest (shipper.py). Uploads and
     # OTLP exports are captured where they arrive either way.
     capture: Literal["inline", "process"] = "inline"
+    # The shipper and persister processes run in this CPU class (shared.processes), so on a
+    # machine they share with the gateway a call never waits for their batches: they catch up
+    # when the cores are free, and until then the journal and the stream hold their work.
+    background_cpu: CpuClass = "idle"
     # Uploaded files (uploads.py): the process working a file holds a lease on it this long and
     # renews it every third of it; a file whose lease ran out (its process died) is taken over by
     # the next sweep, which every process runs every half of it.

@@ -16,7 +16,9 @@ import signal
 import uvloop
 
 from services.ingest import handlers
+from services.ingest.config import IngestSettings
 from shared import bus, db
+from shared.processes import lower_cpu_priority
 from shared.service import prepare_process
 from shared.settings import Settings, get_settings
 
@@ -46,6 +48,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
 async def _main() -> None:
     settings = get_settings()
     prepare_process(NAME, settings)
+    lower_cpu_priority(IngestSettings().background_cpu)  # calls come first
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -39,7 +39,7 @@ from services.ingest.journal import journal_dir, segment_id
 from services.ingest.pipeline import CapturePipeline
 from shared import bus, db
 from shared.events import SampleCaptured
-from shared.processes import pid_alive
+from shared.processes import lower_cpu_priority, pid_alive
 from shared.service import prepare_process
 from shared.settings import Settings, get_settings
 from shared.storage import ObjectStore
@@ -247,6 +247,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
 async def _main() -> None:
     settings = get_settings()
     prepare_process(NAME, settings)
+    lower_cpu_priority(IngestSettings().background_cpu)  # calls come first
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

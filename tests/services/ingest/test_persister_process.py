@@ -4,6 +4,7 @@ SQLite), for deployments whose gateway processes leave persisting to it."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from pathlib import Path
 
@@ -33,6 +34,8 @@ def test_a_separate_persister_stores_every_sample_once_and_stops_on_sigterm(
         f"{_stored(db_path)} of {TOTAL} stored; log:\n{persister.log()[-2000:]}"
     )
     assert persister.process is not None
+    # Background work (TUNELOOP_INGEST_BACKGROUND_CPU): a core the gateway wants comes first.
+    assert os.sched_getscheduler(persister.process.pid) == os.SCHED_IDLE
     persister.process.send_signal(signal.SIGTERM)
     assert persister.process.wait(15) == 0
     assert _stored(db_path) == TOTAL  # the duplicate made no second row

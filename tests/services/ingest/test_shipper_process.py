@@ -4,6 +4,7 @@ shipper SIGKILLed mid-way and started again loses none and stores none twice."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import httpx
@@ -80,6 +81,9 @@ def test_calls_journaled_by_the_gateway_are_stored_once_across_a_shipper_kill(
 
             shipper.start()
             assert localstack.wait_until(lambda: len(stored()) == FIRST, 30), shipper.log()[-2000:]
+            # Background work: the shipper only takes a core the gateway does not want.
+            assert shipper.process is not None
+            assert os.sched_getscheduler(shipper.process.pid) == os.SCHED_IDLE
             shipper.kill()
             for _ in range(SECOND):
                 call()
