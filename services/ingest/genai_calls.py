@@ -200,9 +200,11 @@ def pair_tool_results(messages: list[Msg], path: str, notes: Notes) -> None:
             call = _call_for(message, calls, answered)
             answered += 1
             if call is not None:  # a copy: converted dicts may be shared between spans
-                message = {"name": call["name"], **message}
-                if call.get("id") is not None:
-                    message = {"tool_call_id": call["id"], **message}
+                call_id = call.get("id")
+                if call_id is not None:
+                    message = {"tool_call_id": call_id, "name": call["name"], **message}
+                else:
+                    message = {"name": call["name"], **message}
             if "name" not in message and "tool_call_id" not in message:
                 notes.append(
                     (path, "a tool result with no id or name, after no tool call; left out")

@@ -86,21 +86,27 @@ class ConversionCache:
     def __init__(self) -> None:
         self._done: dict[bytes, list[Msg]] = {}
 
-    def convert(self, item: Any, path: str, notes: Notes) -> list[Msg]:
+    def convert(self, item: Any, path: str, notes: Notes, index: int | None = None) -> list[Msg]:
+        """`convert_message` of `item`, memoised. With `index`, the item's path is
+        `path[index]`, formatted only when the item is converted, not for a cache hit."""
         try:
             key = orjson.dumps(item)
         except orjson.JSONEncodeError:  # bytes inside a structured value: not worth a key
-            return convert_message(item, path, notes)
+            return convert_message(item, _item_path(path, index), notes)
         done = self._done.get(key)
         if done is not None:
             return done
         own: Notes = []
-        converted = convert_message(item, path, own)
+        converted = convert_message(item, _item_path(path, index), own)
         if own:
             notes.extend(own)
         else:
             self._done[key] = converted
         return converted
+
+
+def _item_path(path: str, index: int | None) -> str:
+    return path if index is None else f"{path}[{index}]"
 
 
 def convert_messages(
@@ -110,10 +116,13 @@ def convert_messages(
     shared with other spans' results through `cache`: treat them as read-only."""
     if not isinstance(items, list):
         raise ContentError(path, "must be an array of messages")
-    convert = cache.convert if cache is not None else convert_message
     messages: list[Msg] = []
-    for i, item in enumerate(items):
-        messages.extend(convert(item, f"{path}[{i}]", notes))
+    if cache is not None:  # most items are cache hits, so their paths are never formatted
+        for i, item in enumerate(items):
+            messages.extend(cache.convert(item, path, notes, i))
+    else:
+        for i, item in enumerate(items):
+            messages.extend(convert_message(item, f"{path}[{i}]", notes))
     return messages
 
 
@@ -124,15 +133,17 @@ def convert_outputs(
     a call's answer is the same dict as that message in the next call's history."""
     if not isinstance(items, list):
         raise ContentError(path, "must be an array of messages")
-    convert = cache.convert if cache is not None else convert_message
     outputs: list[tuple[Msg, str | None]] = []
     for i, item in enumerate(items):
-        item_path = f"{path}[{i}]"
-        converted = convert(item, item_path, notes)
+        if cache is not None:  # a cache hit formats no path
+            converted = cache.convert(item, path, notes, i)
+        else:
+            converted = convert_message(item, f"{path}[{i}]", notes)
         finish = item.get("finish_reason") if isinstance(item, dict) else None
         if finish is not None and not isinstance(finish, str):
-            raise ContentError(f"{item_path}.finish_reason", "must be a string")
-        outputs.extend((message, finish) for message in converted)
+            raise ContentError(f"{path}[{i}].finish_reason", "must be a string")
+        for message in converted:
+            outputs.append((message, finish))
     return outputs
 
 
@@ -141,7 +152,7 @@ def convert_message(item: Any, path: str, notes: Notes) -> list[Msg]:
     message, as in OpenAI (pydantic-ai puts `tool_call_response` parts in a user turn, lf07)."""
     if not isinstance(item, dict):
         raise ContentError(path, "must be an object")
-    role = _role(item.get("role"), f"{path}.role")
+    role = _role(item.get("role"), path)
     parts = item.get("parts")
     text = _text_only(parts) if role != "tool" and "name" not in item else None
     if text is not None:  # the common case: plain text turns, without the builder
@@ -177,11 +188,13 @@ def _text_only(parts: Any) -> list[dict[str, Any]] | None:
 
 
 def _role(value: Any, path: str) -> str:
-    if value is None:
-        raise ContentError(path, "required")
+    """The canonical role of the message at `path` (its `.role` is named only in an error)."""
     role = ROLES.get(value.strip().lower()) if isinstance(value, str) else None
     if role is None:
-        raise ContentError(path, f"{str(value)[:40]!r} is not a role (system/user/assistant/tool)")
+        if value is None:
+            raise ContentError(f"{path}.role", "required")
+        reason = f"{str(value)[:40]!r} is not a role (system/user/assistant/tool)"
+        raise ContentError(f"{path}.role", reason)
     return role
 
 

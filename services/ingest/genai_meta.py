@@ -137,7 +137,10 @@ def usage(attrs: dict[str, Any]) -> dict[str, int] | None:
     found: dict[str, int] = {}
     for field, keys in _USAGE_KEYS.items():
         for key in keys:
-            count = _count(attrs.get(key))
+            value = attrs.get(key)
+            if value is None:  # most of the spellings are absent: skip the call
+                continue
+            count = _count(value)
             if count is not None:
                 found[field] = count
                 break

@@ -225,12 +225,19 @@ def _compact(sample: dict[str, Any]) -> dict[str, Any]:
 
 
 def _no_nulls(value: Any) -> Any:
-    if isinstance(value, dict):
+    # Only containers are walked into: the call per scalar leaf (most of a sample) was most of
+    # the persister's row-building time. orjson.loads gives exact dicts and lists, hence `type`.
+    kind = type(value)
+    if kind is dict:
         return {
-            k: (v if k in _FREE_FORM else _no_nulls(v)) for k, v in value.items() if v is not None
+            k: _no_nulls(v) if (type(v) is dict or type(v) is list) and k not in _FREE_FORM else v
+            for k, v in value.items()
+            if v is not None
         }
-    if isinstance(value, list):
-        return [_no_nulls(item) for item in value]
+    if kind is list:
+        return [
+            _no_nulls(item) if type(item) is dict or type(item) is list else item for item in value
+        ]
     return value
 
 

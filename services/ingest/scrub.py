@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from shared.chat import Message, Sample, TextPart
+from shared.chat import Message, ReasoningBlock, Sample, TextPart, ToolCall
 from shared.redact import redact_text
 
 M = TypeVar("M", bound=BaseModel)
@@ -21,22 +21,32 @@ M = TypeVar("M", bound=BaseModel)
 
 def _scrub_message(message: Message) -> tuple[Message, bool]:
     # Models are copied only where a text changed: nearly every message is clean, and copying
-    # each part of each sample cost more than the redaction itself.
+    # each part of each sample cost more than the redaction itself. Lists are rebuilt only then
+    # too, and empty ones (most messages have no tool calls or reasoning) are skipped outright.
     update: dict[str, Any] = {}
-    content = [
-        _redacted(part, "text") if isinstance(part, TextPart) else part for part in message.content
-    ]
-    if any(new is not old for new, old in zip(content, message.content, strict=True)):
+    content = _changed(message.content, TextPart, "text")
+    if content is not None:
         update["content"] = content
-    calls = [_redacted(call, "arguments") for call in message.tool_calls]
-    if any(new is not old for new, old in zip(calls, message.tool_calls, strict=True)):
-        update["tool_calls"] = calls
-    reasoning = [_redacted(block, "text") for block in message.reasoning]
-    if any(new is not old for new, old in zip(reasoning, message.reasoning, strict=True)):
-        update["reasoning"] = reasoning
+    if message.tool_calls:
+        calls = _changed(message.tool_calls, ToolCall, "arguments")
+        if calls is not None:
+            update["tool_calls"] = calls
+    if message.reasoning:
+        reasoning = _changed(message.reasoning, ReasoningBlock, "text")
+        if reasoning is not None:
+            update["reasoning"] = reasoning
     if message.refusal and (refusal := redact_text(message.refusal)) != message.refusal:
         update["refusal"] = refusal
     return (message.model_copy(update=update), True) if update else (message, False)
+
+
+def _changed(items: list[Any], kind: type[BaseModel], field: str) -> list[Any] | None:
+    """`items` with `field` of each `kind` member redacted, or None when nothing changed."""
+    for i, item in enumerate(items):
+        if isinstance(item, kind) and (clean := _redacted(item, field)) is not item:
+            rest = [_redacted(o, field) if isinstance(o, kind) else o for o in items[i + 1 :]]
+            return [*items[:i], clean, *rest]
+    return None
 
 
 def _redacted(model: M, field: str) -> M:

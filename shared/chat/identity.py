@@ -12,6 +12,7 @@ import orjson
 # uuid5(NAMESPACE_URL, "https://tuneloop.dev/ns/sample"). Fixed forever: changing it changes
 # every derived sample id.
 SAMPLE_ID_NAMESPACE = uuid.UUID("e2f4f03f-0070-5ad8-90f9-3ed44dea81a8")
+_NAMESPACE_BYTES = SAMPLE_ID_NAMESPACE.bytes
 
 
 def canonical_json(value: Any) -> bytes:
@@ -25,8 +26,14 @@ def derive_sample_id(tenant: str, source: str, source_ref: str, choice_index: in
     Ingesting the same exchange twice (a retried upload, a redelivered event) gives the same id,
     so the store can upsert instead of duplicating.
     """
-    name = canonical_json([tenant, source, source_ref, choice_index]).decode()
-    return str(uuid.uuid5(SAMPLE_ID_NAMESPACE, name))
+    name = canonical_json([tenant, source, source_ref, choice_index])
+    # uuid5 by hand (sha1 of namespace + name, version and variant bits set), formatted as
+    # str(uuid.UUID) does: the same id at a third of the cost of building the UUID object.
+    digest = bytearray(hashlib.sha1(_NAMESPACE_BYTES + name, usedforsecurity=False).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50
+    digest[8] = (digest[8] & 0x3F) | 0x80
+    h = digest.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def fingerprint(value: Any) -> str:

@@ -85,6 +85,7 @@ class ReasoningBlock(ChatModel):
         return self
 
 
+_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
 _ASSISTANT_ONLY = ("tool_calls", "reasoning", "refusal", "weight")
 _TOOL_ONLY = ("tool_call_id", "is_error")
 
@@ -113,6 +114,24 @@ class Message(ChatModel):
 
     @model_validator(mode="after")
     def _check_role_fields(self) -> Self:
+        # Runs for every message of every sample: the common, valid case is decided with a few
+        # attribute reads; the loop below only runs to name the offending field.
+        role = self.role
+        if (
+            (
+                role == "assistant"
+                or not (
+                    self.tool_calls
+                    or self.reasoning
+                    or self.refusal is not None
+                    or self.weight is not None
+                )
+            )
+            and (role == "tool" or (self.tool_call_id is None and self.is_error is False))
+            and (role != "tool" or self.tool_call_id is not None or self.name is not None)
+            and len(self.tool_calls) < 2
+        ):
+            return self
         for fields, role in ((_ASSISTANT_ONLY, "assistant"), (_TOOL_ONLY, "tool")):
             for field in fields:
                 value = getattr(self, field)
@@ -269,8 +288,11 @@ class Sample(ChatModel):
     @field_validator("metadata", mode="before")
     @classmethod
     def _scalar_metadata(cls, value: Any) -> Any:
-        # One clear error instead of one per member of the value union.
+        # One clear error instead of one per member of the value union. The exact-type test
+        # settles nearly every value at C speed; subclasses (an IntEnum) take the loop.
         if isinstance(value, dict):
+            if _SCALAR_TYPES.issuperset(map(type, value.values())):
+                return value
             for key, item in value.items():
                 if item is not None and not isinstance(item, str | int | float | bool):
                     kind = type(item).__name__
@@ -283,6 +305,8 @@ class Sample(ChatModel):
     @classmethod
     def _unique_tools(cls, value: list[ToolDef]) -> list[ToolDef]:
         names = [tool.name for tool in value]
+        if len(set(names)) == len(names):
+            return value
         if dupes := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"duplicate tool names: {', '.join(dupes)}")
         return value

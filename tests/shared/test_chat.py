@@ -11,6 +11,7 @@ import base64
 import hashlib
 import json
 import os
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -37,6 +38,7 @@ from shared.chat import (
     normalize_finish_reason,
     to_openai_messages,
 )
+from shared.chat.identity import SAMPLE_ID_NAMESPACE, canonical_json
 
 TENANT = "acme"
 Pairs = list[dict[str, Any]]
@@ -579,6 +581,46 @@ def test_derived_ids_are_deterministic_and_depend_on_every_input() -> None:
     }
     assert base not in others
     assert len(others) == 4
+
+
+@pytest.mark.parametrize(
+    ("source_ref", "choice"), [("req-1", 0), ("trace/0af7", 3), ("naïve 漢字 😀", 1), ("", 0)]
+)
+def test_sample_ids_are_uuid5_of_the_canonical_name(source_ref: str, choice: int) -> None:
+    # derive_sample_id computes uuid5 by hand for speed: it must stay the standard uuid5,
+    # since every stored sample id was made with it.
+    name = canonical_json(["acme", "otlp", source_ref, choice]).decode()
+    expected = str(uuid.uuid5(SAMPLE_ID_NAMESPACE, name))
+    assert derive_sample_id("acme", "otlp", source_ref, choice) == expected
+
+
+@pytest.mark.parametrize(
+    ("message", "fragment"),
+    [
+        ({"role": "user", "content": "x", "reasoning": [{"text": "t"}]}, "reasoning is only"),
+        ({"role": "tool", "name": "f", "refusal": ""}, "refusal is only allowed on assistant"),
+        ({"role": "system", "content": "x", "weight": 0}, "weight is only allowed on assistant"),
+        ({"role": "user", "content": "x", "is_error": True}, "is_error is only allowed on tool"),
+        ({"role": "assistant", "tool_call_id": "c1"}, "tool_call_id is only allowed on tool"),
+        (
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "a", "name": "f"}, {"id": "a", "name": "g"}],
+            },
+            "ids must be unique",
+        ),
+    ],
+)
+def test_role_fields_are_checked(message: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(ValidationError, match=fragment):
+        Message.model_validate(message)
+
+
+def test_role_fields_that_belong_pass() -> None:
+    calls = [{"id": "a", "name": "f"}, {"id": None, "name": "g"}, {"id": None, "name": "g"}]
+    assert len(Message.model_validate({"role": "assistant", "tool_calls": calls}).tool_calls) == 3
+    tool = Message.model_validate({"role": "tool", "tool_call_id": "a", "is_error": True})
+    assert tool.is_error
 
 
 def test_a_sample_ingested_twice_gets_the_same_id() -> None:
