@@ -47,6 +47,9 @@ class IngestSettings(BaseSettings):
     # renews it every third of it; a file whose lease ran out (its process died) is taken over by
     # the next sweep, which every process runs every half of it.
     upload_lease_s: float = Field(default=60.0, gt=0)
+    # A file whose workers all stopped before finishing it (killed, out of memory) this many
+    # times is marked `error` instead of being taken over again.
+    upload_max_attempts: int = Field(default=3, ge=1)
     # How long a verified API key is trusted without asking the database again.
     auth_cache_ttl_s: float = Field(default=30.0, ge=0)
     # Dataset builds (datasets.py). JetStream redelivers a build's event when its worker has not

@@ -47,7 +47,11 @@ class UploadedFile(SQLModel, table=True):
     """A file uploaded through POST /v1/files (OpenAI files API shape); its bytes live in S3."""
 
     __tablename__ = "ingest_files"
-    __table_args__ = (sa.Index("ix_ingest_files_tenant_created", "tenant", "created_at"),)
+    __table_args__ = (
+        sa.Index("ix_ingest_files_tenant_created", "tenant", "created_at"),
+        # Every process's sweep looks for unfinished files; nearly all rows are finished.
+        sa.Index("ix_ingest_files_status", "status"),
+    )
 
     id: str = Field(primary_key=True, max_length=40)
     tenant: str = Field(max_length=63)
@@ -65,6 +69,9 @@ class UploadedFile(SQLModel, table=True):
     # it works, so a file whose lease ran out belonged to a process that died and is taken over.
     lease_owner: str | None = Field(default=None, max_length=128)
     lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # Claims that did not end in a handed-back lease or an outcome: a file whose every worker
+    # dies (one that takes its process down) is given up after TUNELOOP_INGEST_UPLOAD_MAX_ATTEMPTS.
+    attempts: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
 class DatasetRow(SQLModel, table=True):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from shared.auth import CachedAuthenticator
 from shared.events import SampleCaptured
 from shared.settings import Settings
 from shared.storage import ObjectStore
+
+log = logging.getLogger("tuneloop.ingest.state")
 
 
 @dataclass
@@ -111,6 +114,7 @@ class Ingest:
                 row=row,
                 spool_dir=self.spool_dir,
                 lease_s=self.settings.upload_lease_s,
+                max_attempts=self.settings.upload_max_attempts,
             ),
             name=f"upload-{row.id}",
         )
@@ -124,6 +128,8 @@ class Ingest:
         if self.persister is not None:
             await self.persister.start()
         await self.fidelity.start()
+        if cleared := await asyncio.to_thread(uploads.clear_dead_spool, self.spool_dir):
+            log.info("removed %d spool files of processes that were killed", cleared)
         self._upload_sweep = asyncio.create_task(
             uploads.sweep(
                 self.engine,

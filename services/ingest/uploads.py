@@ -34,6 +34,7 @@ from services.ingest.models import UploadedFile
 from services.ingest.pipeline import CapturePipeline
 from shared.chat import Sample
 from shared.db import session_scope, utcnow
+from shared.processes import pid_alive
 from shared.storage import ObjectStore
 
 log = logging.getLogger("tuneloop.ingest.uploads")
@@ -93,12 +94,35 @@ def store_upload(
 ) -> int:
     """Copy the uploaded stream to a local file, then to object storage. Returns its size."""
     spool_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=spool_dir, suffix=".upload") as local:
+    # The pid leads the name so that clear_dead_spool knows a killed process's leftovers.
+    with tempfile.NamedTemporaryFile(
+        dir=spool_dir, prefix=f"{os.getpid()}.", suffix=".upload"
+    ) as local:
         shutil.copyfileobj(source, local, _CHUNK)
         local.flush()
         size = local.tell()
         store.put_file(file_key(tenant, file_id), local.name, content_type="application/jsonl")
     return size
+
+
+def _spool_pid(name: str) -> int | None:
+    """The pid in a spool file's name: `<pid>.<random>.upload` (store_upload) or
+    `<file id>.<pid>.<random>.jsonl` (_import_file)."""
+    parts = name.split(".")
+    field = parts[0] if name.endswith(".upload") else parts[1] if len(parts) == 4 else ""
+    return int(field) if field.isdigit() else None
+
+
+def clear_dead_spool(spool_dir: Path) -> int:
+    """Delete spool files left by processes of this machine that were killed mid-upload or
+    mid-import (their work is redone from object storage); returns how many."""
+    removed = 0
+    for path in spool_dir.glob("*"):
+        pid = _spool_pid(path.name)
+        if pid is not None and not pid_alive(pid):
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
 
 
 # --- leases: which process works a file ------------------------------------------------------
@@ -120,21 +144,41 @@ def _claimable(now: datetime) -> sa.ColumnElement[bool]:
     )
 
 
-def claim(engine: Engine, file_id: str, *, owner: str, lease_s: float) -> UploadedFile | None:
+def claim(
+    engine: Engine, file_id: str, *, owner: str, lease_s: float, max_attempts: int
+) -> UploadedFile | None:
     """Take the file for `owner` when it is unfinished and no lease on it runs. Returns the row
-    as claimed, or None: another process holds it, or it is done."""
+    as claimed, or None: another process holds it, or it is done, or it was given up now
+    because `max_attempts` claims before this one never finished it."""
     now = utcnow()
-    statement = (
+    attempts = col(UploadedFile.attempts)
+    mine = _claimable(now), col(UploadedFile.id) == file_id
+    take = (
         sa.update(UploadedFile)
-        .where(col(UploadedFile.id) == file_id, _claimable(now))
+        .where(*mine, attempts < max_attempts)
         .values(
             status="processing",
             lease_owner=owner,
             lease_expires_at=now + timedelta(seconds=lease_s),
+            attempts=attempts + 1,
+        )
+    )
+    give_up = (
+        sa.update(UploadedFile)
+        .where(*mine, attempts >= max_attempts)
+        .values(
+            status="error",
+            status_details=f"given up after {max_attempts} attempts: each process working "
+            "the file stopped before finishing it (killed, or out of memory?)",
+            lease_owner=None,
+            lease_expires_at=None,
         )
     )
     with session_scope(engine) as session:
-        if session.execute(statement).rowcount != 1:  # type: ignore[attr-defined]
+        if session.execute(take).rowcount != 1:  # type: ignore[attr-defined]
+            if session.execute(give_up).rowcount == 1:  # type: ignore[attr-defined]
+                session.commit()
+                log.error("file %s given up after %d attempts", file_id, max_attempts)
             return None
         session.commit()
         return session.get(UploadedFile, file_id)
@@ -164,8 +208,16 @@ def renew(engine: Engine, file_id: str, *, owner: str, lease_s: float) -> bool:
 
 
 def release(engine: Engine, file_id: str, *, owner: str) -> bool:
-    """Hand an unfinished file back (shutting down): the next sweep anywhere may take it."""
-    return _update_mine(engine, file_id, owner, lease_owner=None, lease_expires_at=None)
+    """Hand an unfinished file back (shutting down): the next sweep anywhere may take it. A
+    file handed back was not the death of its process: the attempt does not count."""
+    return _update_mine(
+        engine,
+        file_id,
+        owner,
+        lease_owner=None,
+        lease_expires_at=None,
+        attempts=col(UploadedFile.attempts) - 1,
+    )
 
 
 def finish(engine: Engine, file_id: str, *, owner: str, **outcome: Any) -> bool:
@@ -204,11 +256,14 @@ async def claim_and_process(
     row: UploadedFile,
     spool_dir: Path,
     lease_s: float,
+    max_attempts: int,
 ) -> None:
     """Work the file if this process wins its lease; otherwise leave it to the holder."""
     owner = new_lease_owner()
     try:
-        claimed = await asyncio.to_thread(claim, engine, row.id, owner=owner, lease_s=lease_s)
+        claimed = await asyncio.to_thread(
+            claim, engine, row.id, owner=owner, lease_s=lease_s, max_attempts=max_attempts
+        )
     except Exception:
         log.warning(
             "file %s could not be claimed; a later sweep tries again", row.id, exc_info=True

@@ -234,3 +234,10 @@ def settings_on_private_nats(
             "monitor_port": private_nats.component.ports[1].number,
         },
     )
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and was reaped): nothing runs under it now."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid

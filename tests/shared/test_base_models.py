@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from shared.base_models import (
     read_stamp,
     smollm2_gguf_path,
 )
+from tests.plugins.infra import dead_pid
 from tests.plugins.models import build_tiny_causal_lm
 
 
@@ -161,12 +160,6 @@ def conversions(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     return calls
 
 
-def _dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
-
-
 def test_conversion_is_stamped_and_a_second_call_is_a_no_op(
     fake_gguf: Path, conversions: list[Path], tmp_path: Path
 ) -> None:
@@ -202,7 +195,7 @@ def test_leftovers_of_a_killed_conversion_are_not_complete_and_get_cleaned(
     fake_gguf: Path, conversions: list[Path], tmp_path: Path
 ) -> None:
     out = tmp_path / "models" / "m"
-    killed = out.parent / f".m.partial-{_dead_pid()}-abc123"  # SIGKILL skips our clean-up
+    killed = out.parent / f".m.partial-{dead_pid()}-abc123"  # SIGKILL skips our clean-up
     running = out.parent / f".m.partial-{os.getpid()}-def456"  # a live conversion's, kept
     for directory in (killed, running):
         directory.mkdir(parents=True)

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from services.ingest.pipeline import CapturePipeline
 from services.ingest.shipper import OFFSET_SUFFIX, JournalShipper, read_batch
 from shared.events import SampleCaptured
 from tests.fakes.upstream import recorded
+from tests.plugins.infra import dead_pid
 
 
 def _call(n: int) -> CapturedCall:
@@ -58,12 +57,6 @@ def _shipper(journal_dir: Path, tmp_path: Path, shipped: Shipped) -> JournalShip
         workers=0,
     )
     return JournalShipper(journal_dir, pipeline, batch=3)
-
-
-def _dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
 
 
 def test_segment_names_are_read_and_other_files_ignored(tmp_path: Path) -> None:
@@ -134,7 +127,7 @@ def test_a_dead_writers_segment_with_a_torn_tail_is_shipped_and_deleted(tmp_path
     journal_dir = tmp_path / "journal"
     journal_dir.mkdir()
     records = [json.dumps(_call(n).to_record()).encode() + b"\n" for n in range(2)]
-    orphan = journal_dir / f"{_dead_pid()}-0.jsonl"
+    orphan = journal_dir / f"{dead_pid()}-0.jsonl"
     orphan.write_bytes(records[0] + records[1] + b'{"api": "open')  # killed mid-write
     (journal_dir / (orphan.name + OFFSET_SUFFIX)).write_text("garbage")  # torn offset record
     shipped = Shipped()
@@ -147,7 +140,7 @@ def test_an_unreadable_line_is_skipped_and_the_rest_shipped(tmp_path: Path) -> N
     journal_dir = tmp_path / "journal"
     journal_dir.mkdir()
     good = json.dumps(_call(1).to_record()).encode() + b"\n"
-    (journal_dir / f"{_dead_pid()}-0.jsonl").write_bytes(b"\x00\x01 not json\n" + good)
+    (journal_dir / f"{dead_pid()}-0.jsonl").write_bytes(b"\x00\x01 not json\n" + good)
     shipped = Shipped()
     assert asyncio.run(_shipper(journal_dir, tmp_path, shipped).ship_once()) == 1
     assert shipped.refs == ["req-1"]
@@ -179,7 +172,7 @@ def test_a_writers_only_segment_is_deleted_only_once_it_is_gone(
 ) -> None:
     journal_dir = tmp_path / "journal"
     journal_dir.mkdir()
-    pid = os.getpid() if pid_alive else _dead_pid()
+    pid = os.getpid() if pid_alive else dead_pid()
     segment = journal_dir / f"{pid}-0.jsonl"
     segment.write_bytes(json.dumps(_call(0).to_record()).encode() + b"\n")
     asyncio.run(_shipper(journal_dir, tmp_path, Shipped()).ship_once())

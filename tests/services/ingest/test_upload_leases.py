@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -26,9 +27,11 @@ from services.ingest.pipeline import CapturePipeline
 from services.ingest.samples import insert_samples
 from shared.events import SampleCaptured
 from shared.storage import ObjectStore
+from tests.plugins.infra import dead_pid
 
 LINE = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
 LINES = 3
+ATTEMPTS = 3
 
 
 class StoringPipeline:
@@ -112,6 +115,7 @@ class Process:
                         row=row,
                         spool_dir=self.spool_dir,
                         lease_s=self.lease_s,
+                        max_attempts=ATTEMPTS,
                     )
                 )
             )
@@ -150,7 +154,10 @@ def test_claimers_racing_for_a_file_exactly_one_wins(
 
     def race(owner: str) -> None:
         start.wait()
-        if uploads.claim(db_engine, row.id, owner=owner, lease_s=30) is not None:
+        if (
+            uploads.claim(db_engine, row.id, owner=owner, lease_s=30, max_attempts=ATTEMPTS)
+            is not None
+        ):
             won.append(owner)
 
     threads = [threading.Thread(target=race, args=(owner,)) for owner in owners]
@@ -163,7 +170,9 @@ def test_claimers_racing_for_a_file_exactly_one_wins(
     assert (held.lease_owner, held.status) == (won[0], "processing")
     # A finished file is nobody's to claim, lease or not.
     assert uploads.finish(db_engine, row.id, owner=won[0], status="processed")
-    assert uploads.claim(db_engine, row.id, owner=owners[0], lease_s=30) is None
+    assert (
+        uploads.claim(db_engine, row.id, owner=owners[0], lease_s=30, max_attempts=ATTEMPTS) is None
+    )
 
 
 async def test_a_dead_owners_file_is_taken_over_by_a_sweep_and_stored_once(
@@ -172,7 +181,9 @@ async def test_a_dead_owners_file_is_taken_over_by_a_sweep_and_stored_once(
     row = _uploaded(db_engine, object_store, tmp_path)
     # Its process claimed it, then died: nobody renews the lease.
     dead = uploads.new_lease_owner()
-    assert uploads.claim(db_engine, row.id, owner=dead, lease_s=2.0) is not None
+    assert (
+        uploads.claim(db_engine, row.id, owner=dead, lease_s=2.0, max_attempts=ATTEMPTS) is not None
+    )
     stored = StoringPipeline(db_engine, tmp_path)
     live = Process(db_engine, object_store, tmp_path, lease_s=0.6, name="live")
     live.sweep(stored)
@@ -224,11 +235,13 @@ async def test_the_loser_of_a_lease_stops_and_does_not_overwrite_the_status(
 ) -> None:
     row = _uploaded(db_engine, object_store, tmp_path)
     paused = uploads.new_lease_owner()
-    claimed = uploads.claim(db_engine, row.id, owner=paused, lease_s=0.3)
+    claimed = uploads.claim(db_engine, row.id, owner=paused, lease_s=0.3, max_attempts=ATTEMPTS)
     assert claimed is not None
     await asyncio.sleep(0.4)  # paused past its lease, without a renewal
     taker = uploads.new_lease_owner()
-    assert uploads.claim(db_engine, row.id, owner=taker, lease_s=30) is not None
+    assert (
+        uploads.claim(db_engine, row.id, owner=taker, lease_s=30, max_attempts=ATTEMPTS) is not None
+    )
 
     # The paused process carries on: its next renewal fails, so it stops before the end.
     spool_dir = tmp_path / "paused" / "uploads"
@@ -267,6 +280,7 @@ async def test_a_stopping_process_hands_its_file_back(
     # Claimable at once, not after 30 s.
     handed_back = _row(db_engine, row.id)
     assert (handed_back.status, handed_back.lease_owner) == ("processing", None)
+    assert handed_back.attempts == 0  # handed back, not died: no attempt spent
     assert [r.id for r in uploads.claimable(db_engine)] == [row.id]
 
 
@@ -275,8 +289,71 @@ def test_the_files_api_shows_no_lease(
 ) -> None:
     row = _uploaded(db_engine, object_store, tmp_path)
     owner = uploads.new_lease_owner()
-    claimed = uploads.claim(db_engine, row.id, owner=owner, lease_s=30)
+    claimed = uploads.claim(db_engine, row.id, owner=owner, lease_s=30, max_attempts=ATTEMPTS)
     assert claimed is not None
     assert set(uploads.file_object(claimed)) == {
         "id", "object", "bytes", "created_at", "filename", "purpose", "status", "status_details",
     }  # fmt: skip
+
+
+async def test_a_file_whose_workers_keep_dying_is_given_up_with_a_reason(
+    db_engine: Engine, object_store: ObjectStore, tmp_path: Path
+) -> None:
+    row = _uploaded(db_engine, object_store, tmp_path)
+    # Three processes in turn took it and died (a file that takes its worker down).
+    for _ in range(ATTEMPTS):
+        dying = uploads.new_lease_owner()
+        assert uploads.claim(db_engine, row.id, owner=dying, lease_s=0.05, max_attempts=ATTEMPTS)
+        await asyncio.sleep(0.1)
+    assert _row(db_engine, row.id).attempts == ATTEMPTS
+    stored = StoringPipeline(db_engine, tmp_path)
+    live = Process(db_engine, object_store, tmp_path, lease_s=0.6, name="live")
+    live.sweep(stored)
+    try:
+        assert await _wait_for(lambda: _row(db_engine, row.id).status == "error", 10)
+    finally:
+        await live.stop()
+    given_up = _row(db_engine, row.id)
+    assert given_up.status_details is not None
+    assert f"given up after {ATTEMPTS} attempts" in given_up.status_details
+    assert (given_up.lease_owner, given_up.lease_expires_at) == (None, None)
+    assert stored.published == []
+    assert uploads.claimable(db_engine) == []
+    assert uploads.file_object(given_up)["status"] == "error"
+
+
+def test_spool_files_of_killed_processes_are_cleared(tmp_path: Path) -> None:
+    spool = tmp_path / "uploads"
+    spool.mkdir()
+    dead, alive = dead_pid(), os.getpid()
+    names = {
+        f"{dead}.k3j9x1ab.upload": False,  # store_upload's copy, its process killed
+        f"file-0123456789abcdef01234567.{dead}.1a2b3c4d.jsonl": False,  # an import's copy
+        f"{alive}.q8w7e6r5.upload": True,  # this process's, in use
+        f"file-0123456789abcdef01234567.{alive}.5e6f7a8b.jsonl": True,
+        "notes.txt": True,  # not ours to judge
+    }
+    for name in names:
+        (spool / name).write_bytes(b"x")
+    assert uploads.clear_dead_spool(spool) == 2
+    assert {p.name for p in spool.iterdir()} == {n for n, kept in names.items() if kept}
+    assert uploads.clear_dead_spool(tmp_path / "missing") == 0
+
+
+def test_store_upload_names_its_spool_copy_after_its_process(
+    object_store: ObjectStore, tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+    seen: list[str] = []
+
+    class Watching(io.BytesIO):
+        def read(self, size: int | None = -1) -> bytes:
+            seen.extend(p.name for p in spool.iterdir())
+            return super().read(size)
+
+    uploads.store_upload(
+        object_store, Watching(b"{}\n"), tenant="acme", file_id="file-x", spool_dir=spool
+    )
+    assert seen
+    assert all(name.startswith(f"{os.getpid()}.") for name in seen)
+    assert list(spool.iterdir()) == []  # removed once stored
