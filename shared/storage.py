@@ -302,6 +302,14 @@ class ObjectStore:
                 if exc.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                     raise
 
+    def remove_bucket(self) -> None:
+        """Delete every object in this store's bucket, then the bucket. (On SeaweedFS a bucket
+        holds volume slots, 7 by default, until it is removed.)"""
+        for key in self.list_keys():
+            self.delete(key)
+        with self._errors("remove bucket", S3Uri(self.bucket, "")):
+            self._client.remove_bucket(self.bucket)
+
     # -- single objects --------------------------------------------------------------------
     def uri(self, key: str) -> str:
         return make_uri(self.bucket, key)

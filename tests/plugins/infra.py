@@ -6,6 +6,7 @@ the end. Nothing here mocks our own infrastructure.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from shared import localstack
-from shared.settings import Settings, load_settings
+from shared.settings import S3Settings, Settings, load_settings
 from shared.storage import ObjectStore
 
 _handed_out: set[int] = set()
@@ -186,12 +187,23 @@ def private_nats(tmp_path: Path) -> Iterator[RunningProcess]:
     proc.stop()
 
 
-@pytest.fixture
-def object_store(s3_server: RunningProcess, stack_settings: Settings) -> ObjectStore:
-    """A store on a bucket of the test's own on the session's S3 server, so tests never collide."""
-    store = ObjectStore.from_settings(stack_settings.s3, bucket=f"t-{uuid.uuid4().hex[:16]}")
+@contextlib.contextmanager
+def bucket_of_its_own(s3: S3Settings) -> Iterator[ObjectStore]:
+    """A store on a new bucket, removed afterwards: the session's SeaweedFS gives each bucket 7
+    volume slots of the few hundred its disk allows, so kept buckets run it out (500s)."""
+    store = ObjectStore.from_settings(s3, bucket=f"t-{uuid.uuid4().hex[:16]}")
     store.ensure_bucket()
-    return store
+    try:
+        yield store
+    finally:
+        store.remove_bucket()
+
+
+@pytest.fixture
+def object_store(s3_server: RunningProcess, stack_settings: Settings) -> Iterator[ObjectStore]:
+    """A store on a bucket of the test's own on the session's S3 server, so tests never collide."""
+    with bucket_of_its_own(stack_settings.s3) as store:
+        yield store
 
 
 def module_process(

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from shared.settings import S3Settings, Settings
+from shared.settings import Settings
 from shared.storage import (
     COMMIT_MARKER,
     MANIFEST_NAME,
@@ -28,7 +28,7 @@ from shared.storage import (
     make_uri,
     parse_uri,
 )
-from tests.plugins.infra import RunningProcess, free_port
+from tests.plugins.infra import RunningProcess, bucket_of_its_own, free_port
 
 MiB = 1024 * 1024
 
@@ -37,16 +37,9 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _store(s3: S3Settings) -> ObjectStore:
-    """A store on a bucket of the test's own, so tests never see each other's objects."""
-    store = ObjectStore.from_settings(s3, bucket=f"t-{uuid.uuid4().hex[:16]}")
-    store.ensure_bucket()
-    return store
-
-
 @pytest.fixture
-def store(s3_server: RunningProcess, stack_settings: Settings) -> ObjectStore:
-    return _store(stack_settings.s3)
+def store(object_store: ObjectStore) -> ObjectStore:
+    return object_store
 
 
 @pytest.fixture
@@ -202,21 +195,21 @@ def test_file_above_threshold_goes_multipart_and_round_trips(
     s3 = stack_settings.s3.model_copy(
         update={"multipart_threshold_bytes": 5 * MiB, "part_size_bytes": 16 * MiB}
     )
-    store = _store(s3)
-    big, small = tmp_path / "big.bin", tmp_path / "small.bin"
-    big.write_bytes(os.urandom(12 * MiB + 123))
-    small.write_bytes(os.urandom(5 * MiB))  # exactly at the threshold: one plain PUT
+    with bucket_of_its_own(s3) as store:
+        big, small = tmp_path / "big.bin", tmp_path / "small.bin"
+        big.write_bytes(os.urandom(12 * MiB + 123))
+        small.write_bytes(os.urandom(5 * MiB))  # exactly at the threshold: one plain PUT
 
-    up_big = store.put_file("blobs/big.bin", big)
-    up_small = store.put_file("blobs/small.bin", small)
-    down = store.get_file("blobs/big.bin", tmp_path / "out" / "big.bin")
+        up_big = store.put_file("blobs/big.bin", big)
+        up_small = store.put_file("blobs/small.bin", small)
+        down = store.get_file("blobs/big.bin", tmp_path / "out" / "big.bin")
 
-    # An S3 multipart ETag ends in "-<number of parts>"; the part size is capped at the threshold.
-    assert up_big.etag.strip('"').endswith("-3")
-    assert "-" not in up_small.etag.strip('"')
-    assert up_big.size == down.size == big.stat().st_size
-    assert up_big.sha256 == down.sha256 == _sha(big.read_bytes())
-    assert (tmp_path / "out" / "big.bin").read_bytes() == big.read_bytes()
+        # An S3 multipart ETag ends in "-<number of parts>"; the part size is capped at the threshold.
+        assert up_big.etag.strip('"').endswith("-3")
+        assert "-" not in up_small.etag.strip('"')
+        assert up_big.size == down.size == big.stat().st_size
+        assert up_big.sha256 == down.sha256 == _sha(big.read_bytes())
+        assert (tmp_path / "out" / "big.bin").read_bytes() == big.read_bytes()
 
 
 def test_presigned_urls_get_and_put_over_plain_http(store: ObjectStore) -> None:
@@ -312,3 +305,15 @@ def test_wait_until_ready_fails_fast_on_refused_credentials(
 
     assert not isinstance(err.value, StorageUnreachable)  # it answered: no point waiting 30s
     assert "not-the-secret-123" not in str(err.value)
+
+
+def test_remove_bucket_deletes_its_objects_and_the_bucket(
+    s3_server: RunningProcess, stack_settings: Settings
+) -> None:
+    store = ObjectStore.from_settings(stack_settings.s3, bucket=f"t-{uuid.uuid4().hex[:16]}")
+    store.ensure_bucket()
+    store.put_bytes("a/b.txt", b"x")
+    store.put_bytes("c.txt", b"y")
+    store.remove_bucket()
+    with pytest.raises(StorageError, match="bucket does not exist"):
+        store.list_keys()
