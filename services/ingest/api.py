@@ -151,6 +151,7 @@ async def upload_file(
         file_id=file_id,
         spool_dir=ingest.spool_dir,
     )
+    owner = uploads.new_lease_owner()
     row = UploadedFile(
         id=file_id,
         tenant=principal.tenant_id,
@@ -158,12 +159,13 @@ async def upload_file(
         purpose=purpose,
         bytes=size,
         format=format,
+        **uploads.first_lease(owner, lease_s=ingest.settings.upload_lease_s),
     )
     with session_scope(ingest.engine) as session:
         session.add(row)
         session.commit()
         session.refresh(row)
-    ingest.process_in_background(row)
+    ingest.work_leased(row, owner)
     return uploads.file_object(row)
 
 

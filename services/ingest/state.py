@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,9 @@ class Ingest:
         )
 
     def process_in_background(self, row: UploadedFile) -> None:
-        task = asyncio.create_task(
+        """Claim the file (several processes sweep; the claim decides) and work it if won."""
+        self._start_file_task(
+            row,
             uploads.claim_and_process(
                 engine=self.engine,
                 store=self.store,
@@ -116,8 +119,25 @@ class Ingest:
                 lease_s=self.settings.upload_lease_s,
                 max_attempts=self.settings.upload_max_attempts,
             ),
-            name=f"upload-{row.id}",
         )
+
+    def work_leased(self, row: UploadedFile, owner: str) -> None:
+        """Work a file whose row was written already leased to `owner` (a new upload)."""
+        self._start_file_task(
+            row,
+            uploads.process_file(
+                engine=self.engine,
+                store=self.store,
+                pipeline=self.pipeline,
+                row=row,
+                spool_dir=self.spool_dir,
+                owner=owner,
+                lease_s=self.settings.upload_lease_s,
+            ),
+        )
+
+    def _start_file_task(self, row: UploadedFile, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work, name=f"upload-{row.id}")
         self._file_tasks.add(task)
         task.add_done_callback(self._file_tasks.discard)
 

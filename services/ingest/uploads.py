@@ -144,6 +144,17 @@ def _claimable(now: datetime) -> sa.ColumnElement[bool]:
     )
 
 
+def first_lease(owner: str, *, lease_s: float) -> dict[str, Any]:
+    """The lease fields of a new upload's row, written with it: the process that received the
+    file works it, and no sweep elsewhere can take it in between. The status stays `uploaded`,
+    as OpenAI's files API answers; `processing` marks a file taken over by a sweep."""
+    return {
+        "lease_owner": owner,
+        "lease_expires_at": utcnow() + timedelta(seconds=lease_s),
+        "attempts": 1,
+    }
+
+
 def claim(
     engine: Engine, file_id: str, *, owner: str, lease_s: float, max_attempts: int
 ) -> UploadedFile | None:

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import httpx
 import openai
+from sqlmodel import Session
 
-from shared import localstack
+from services.ingest.models import UploadedFile
+from shared import db, localstack
 from tests.services.ingest.conftest import Edge
 
 GOOD = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
@@ -34,6 +36,7 @@ def test_files_api_upload_is_processed_with_a_report_naming_bad_lines(
     created = client.files.create(file=path.open("rb"), purpose="fine-tune")
     assert created.id.startswith("file-")
     assert created.bytes == path.stat().st_size
+    assert created.status == "uploaded"  # as OpenAI answers, though it is already being worked
 
     def processed() -> bool:
         return client.files.retrieve(created.id).status == "processed"
@@ -54,6 +57,14 @@ def test_files_api_upload_is_processed_with_a_report_naming_bad_lines(
         sample["source_ref"] for sample in uploaded if sample["source_ref"].startswith(created.id)
     )
     assert refs == [f"{created.id}:1", f"{created.id}:3", f"{created.id}:5"]
+    # The row was written leased to the process that received the file: one attempt, no claim
+    # by a sweep in between, and the lease given up with the outcome.
+    engine = db.make_engine(edge.settings.database_url)
+    with Session(engine) as session:
+        row = session.get(UploadedFile, created.id)
+    engine.dispose()
+    assert row is not None
+    assert (row.attempts, row.lease_owner, row.lease_expires_at) == (1, None, None)
 
 
 def test_streamed_import_answers_with_the_report_and_is_idempotent(edge: Edge) -> None:
