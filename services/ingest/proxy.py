@@ -126,6 +126,9 @@ class UpstreamClient:
                 timeout=self._timeout,
                 auto_decompress=False,  # byte-exact pass-through; capture decodes its own copy
                 skip_auto_headers=("User-Agent",),  # the caller's own user-agent goes through
+                # One session serves every tenant: cookies an upstream sets (OpenAI's Cloudflare
+                # ones) go back to the caller untouched and are never sent on anyone's next call.
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self._session
 

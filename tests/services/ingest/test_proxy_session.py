@@ -1,0 +1,51 @@
+"""The gateway's upstream session is shared by every tenant: nothing one call's answer sets may
+ride along on the next call (a real aiohttp server as the upstream, reached by host name, as a
+provider is: cookie jars refuse cookies from bare IP addresses)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from services.ingest.proxy import UpstreamClient
+from tests.plugins.infra import free_port
+
+
+@pytest.fixture
+async def cookie_setting_upstream() -> AsyncIterator[tuple[str, list[str | None]]]:
+    """An upstream that sets a cookie on every answer and notes the Cookie header it got."""
+    seen: list[str | None] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Cookie"))
+        response = web.json_response({"ok": True})
+        response.headers["Set-Cookie"] = f"__cf_bm=call-{len(seen)}; Path=/; HttpOnly"
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://localhost:{port}", seen
+    finally:
+        await runner.cleanup()
+
+
+async def test_cookies_an_upstream_sets_reach_the_caller_and_never_the_next_call(
+    cookie_setting_upstream: tuple[str, list[str | None]],
+) -> None:
+    base_url, seen = cookie_setting_upstream
+    client = UpstreamClient(connect_timeout_s=5, read_timeout_s=5, max_connections=4)
+    try:
+        for call in (1, 2, 3):
+            async with client.session().post(f"{base_url}/v1/chat/completions", data=b"{}") as r:
+                # The caller gets the upstream's Set-Cookie as sent (bytes pass through).
+                assert r.headers["Set-Cookie"] == f"__cf_bm=call-{call}; Path=/; HttpOnly"
+    finally:
+        await client.aclose()
+    assert seen == [None, None, None]
