@@ -7,6 +7,8 @@ service authenticates it, so the gateway adds nothing and keeps nothing.
 
 from __future__ import annotations
 
+from http.cookiejar import CookieJar, DefaultCookiePolicy
+
 import httpx
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -23,6 +25,13 @@ OWNERS = {
     "evals": "evaluator",
 }
 _HOP_BY_HOP = HOP_BY_HOP | {"host", "content-length"}
+
+
+def control_client() -> httpx.AsyncClient:
+    """The client that relays control-plane calls. Every caller shares it, so it stores no
+    cookie an answer sets (a jar whose policy accepts no domain): they reach the caller only."""
+    no_cookies = CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
+    return httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0), cookies=no_cookies)
 
 
 def service_urls(settings: Settings) -> dict[str, str]:

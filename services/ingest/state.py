@@ -13,7 +13,7 @@ import httpx
 from faststream.nats import NatsBroker
 from sqlalchemy.engine import Engine
 
-from services.ingest import handlers, uploads
+from services.ingest import forwarding, handlers, uploads
 from services.ingest.capture import SpillFile
 from services.ingest.config import IngestSettings
 from services.ingest.fidelity import FidelityFlusher
@@ -87,7 +87,7 @@ class Ingest:
             authenticator=CachedAuthenticator(engine, ttl_s=ingest_settings.auth_cache_ttl_s),
             capture=journal.append if shipped else pipeline.submit,
         )
-        control_client = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0))
+        control_client = forwarding.control_client()
         spool_dir = settings.app.data_dir.resolve() / "ingest" / "uploads"
         return cls(
             ingest_settings,

@@ -1,6 +1,6 @@
-"""The gateway's upstream session is shared by every tenant: nothing one call's answer sets may
-ride along on the next call (a real aiohttp server as the upstream, reached by host name, as a
-provider is: cookie jars refuse cookies from bare IP addresses)."""
+"""The gateway's upstream session and its control-plane client are shared by every tenant:
+nothing one call's answer sets may ride along on the next call (a real aiohttp server as the
+upstream, reached by host name, as a provider is: cookie jars refuse cookies from bare IPs)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
+from services.ingest.forwarding import control_client
 from services.ingest.proxy import UpstreamClient
 from tests.plugins.infra import free_port
 
@@ -26,6 +27,7 @@ async def cookie_setting_upstream() -> AsyncIterator[tuple[str, list[str | None]
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", answer)
+    app.router.add_get("/v1/fine_tuning/jobs", answer)
     runner = web.AppRunner(app)
     await runner.setup()
     port = free_port()
@@ -48,4 +50,15 @@ async def test_cookies_an_upstream_sets_reach_the_caller_and_never_the_next_call
                 assert r.headers["Set-Cookie"] == f"__cf_bm=call-{call}; Path=/; HttpOnly"
     finally:
         await client.aclose()
+    assert seen == [None, None, None]
+
+
+async def test_the_control_plane_client_keeps_no_cookie_either(
+    cookie_setting_upstream: tuple[str, list[str | None]],
+) -> None:
+    base_url, seen = cookie_setting_upstream
+    async with control_client() as client:
+        for call in (1, 2, 3):
+            answer = await client.get(f"{base_url}/v1/fine_tuning/jobs")
+            assert answer.headers["set-cookie"] == f"__cf_bm=call-{call}; Path=/; HttpOnly"
     assert seen == [None, None, None]
