@@ -55,9 +55,13 @@ async def relay(
             {"detail": f"{service} at {base_url} is not reachable ({type(exc).__name__})"},
             status_code=503,
         )
-    return StreamingResponse(
+    response = StreamingResponse(
         answer.aiter_raw(),
         status_code=answer.status_code,
-        headers={k: v for k, v in answer.headers.items() if k not in _HOP_BY_HOP},
         background=BackgroundTask(answer.aclose),
     )
+    # One by one: a header sent twice (Set-Cookie) stays two headers, not one joined by ", ".
+    for name, value in answer.headers.multi_items():
+        if name not in _HOP_BY_HOP:
+            response.headers.append(name, value)
+    return response
