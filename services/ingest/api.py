@@ -165,7 +165,7 @@ async def upload_file(
         session.add(row)
         session.commit()
         session.refresh(row)
-    ingest.work_leased(row, owner)
+    ingest.process_in_background(row, leased_to=owner)
     return uploads.file_object(row)
 
 

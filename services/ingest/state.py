@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,10 +105,10 @@ class Ingest:
             shipped_journal=journal if shipped else None,
         )
 
-    def process_in_background(self, row: UploadedFile) -> None:
-        """Claim the file (several processes sweep; the claim decides) and work it if won."""
-        self._start_file_task(
-            row,
+    def process_in_background(self, row: UploadedFile, leased_to: str | None = None) -> None:
+        """Claim the file (several processes sweep; the claim decides) and work it if won; a
+        new upload's row written already leased to `leased_to` is worked without a claim."""
+        task = asyncio.create_task(
             uploads.claim_and_process(
                 engine=self.engine,
                 store=self.store,
@@ -118,26 +117,10 @@ class Ingest:
                 spool_dir=self.spool_dir,
                 lease_s=self.settings.upload_lease_s,
                 max_attempts=self.settings.upload_max_attempts,
+                leased_to=leased_to,
             ),
+            name=f"upload-{row.id}",
         )
-
-    def work_leased(self, row: UploadedFile, owner: str) -> None:
-        """Work a file whose row was written already leased to `owner` (a new upload)."""
-        self._start_file_task(
-            row,
-            uploads.process_file(
-                engine=self.engine,
-                store=self.store,
-                pipeline=self.pipeline,
-                row=row,
-                spool_dir=self.spool_dir,
-                owner=owner,
-                lease_s=self.settings.upload_lease_s,
-            ),
-        )
-
-    def _start_file_task(self, row: UploadedFile, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work, name=f"upload-{row.id}")
         self._file_tasks.add(task)
         task.add_done_callback(self._file_tasks.discard)
 

@@ -109,7 +109,12 @@ def _spool_pid(name: str) -> int | None:
     """The pid in a spool file's name: `<pid>.<random>.upload` (store_upload) or
     `<file id>.<pid>.<random>.jsonl` (_import_file)."""
     parts = name.split(".")
-    field = parts[0] if name.endswith(".upload") else parts[1] if len(parts) == 4 else ""
+    if parts[-1] == "upload":
+        field = parts[0]
+    elif parts[-1] == "jsonl" and len(parts) == 4:
+        field = parts[1]
+    else:
+        return None
     return int(field) if field.isdigit() else None
 
 
@@ -268,8 +273,21 @@ async def claim_and_process(
     spool_dir: Path,
     lease_s: float,
     max_attempts: int,
+    leased_to: str | None = None,
 ) -> None:
-    """Work the file if this process wins its lease; otherwise leave it to the holder."""
+    """Work the file if this process wins its lease; otherwise leave it to the holder. A new
+    upload's row, written already leased (`leased_to`, see first_lease), is worked at once."""
+    if leased_to is not None:
+        await process_file(
+            engine=engine,
+            store=store,
+            pipeline=pipeline,
+            row=row,
+            spool_dir=spool_dir,
+            owner=leased_to,
+            lease_s=lease_s,
+        )
+        return
     owner = new_lease_owner()
     try:
         claimed = await asyncio.to_thread(
