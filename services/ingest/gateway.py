@@ -24,8 +24,9 @@ from starlette.types import Receive, Scope, Send
 from services.ingest.capture import CapturedCall
 from services.ingest.config import IngestSettings
 from services.ingest.errors import error_response, model_not_found
-from services.ingest.proxy import Incoming, UpstreamClient, UpstreamUnreachable, forward, parse_tags
+from services.ingest.proxy import Incoming, UpstreamUnreachable, forward, parse_tags
 from services.ingest.routing import Api, RoutingTable
+from services.ingest.upstream_pool import UpstreamPool
 from shared.auth import (
     ACCEPTED_KEY_SOURCES,
     AuthError,
@@ -60,7 +61,7 @@ class Gateway:
         self._authenticator = authenticator
         self._capture = capture
         self._served_by = [(b"x-tuneloop-served-by", served_by.encode())]
-        self.client = UpstreamClient(
+        self.client = UpstreamPool(
             connect_timeout_s=settings.upstream_connect_timeout_s,
             read_timeout_s=settings.upstream_read_timeout_s,
             max_connections=settings.upstream_max_connections,
@@ -120,10 +121,9 @@ class Gateway:
                 model_from_path=model if api == "gemini" else None,
             )
         except UpstreamUnreachable as exc:
-            log.warning("upstream %s unreachable: %s", route.upstream, exc)
-            name = str(exc).partition(":")[0]
+            log.warning("upstream %s unreachable: %s", route.upstream, exc.__cause__)
             refusal = error_response(
-                api, 502, f"upstream {route.upstream} could not be reached ({name})"
+                api, 502, f"upstream {route.upstream} could not be reached ({exc})"
             )
             await self.refuse(refusal, scope, receive, send)
 

@@ -2,13 +2,13 @@
 
 The client's tuneloop key is removed and the provider key added; every other header and the
 body go through unchanged. The answer goes back with the upstream's status, headers and encoding
-(aiohttp with `auto_decompress=False`: the client gets the upstream's bytes, gzip included): a
-sized JSON answer in one ASGI message, a stream (SSE, chunked) chunk by chunk as it arrives, so
-an SDK cannot tell the gateway from the provider. When the last byte has been sent, the tap hands
-the captured call to the capture pipeline.
+(nothing is decompressed: the client gets the upstream's bytes, gzip included): a sized JSON
+answer in one ASGI message, a stream (SSE, chunked) chunk by chunk as it arrives, so an SDK
+cannot tell the gateway from the provider. When the last byte has been sent, the tap hands the
+captured call to the capture pipeline.
 
-This is the gateway's hot path, so it speaks raw ASGI (no Starlette request/response objects) and
-uses aiohttp's pooled client, whose C parser costs a fraction of httpx's per call.
+This is the gateway's hot path, so it speaks raw ASGI (no Starlette request/response objects)
+and raw HTTP/1.1 upstream (services.ingest.upstream_pool).
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-import aiohttp
 from starlette.types import Receive, Send
-from yarl import URL
 
 from services.ingest.capture import CapturedCall
 from services.ingest.routing import Api, Route
+from services.ingest.upstream_pool import UpstreamError, UpstreamPool, UpstreamResponse
 
 # Hop-by-hop headers (RFC 9110 7.6.1): they describe one connection, never the message.
 HOP_BY_HOP = frozenset(
@@ -40,18 +39,19 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-# Also the ones the gateway owns: the caller's credentials and how the body is framed and encoded.
+# Also the ones the gateway owns: the caller's credentials, how the body is framed and encoded
+# (and `expect`: the gateway already holds the whole body).
 _DROP_REQUEST = frozenset(
     name.encode()
     for name in HOP_BY_HOP
     | {
         "host", "content-length", "proxy-authorization", "authorization", "x-api-key",
-        "x-goog-api-key", "accept-encoding", "cookie",
+        "x-goog-api-key", "accept-encoding", "cookie", "expect",
     }
 )  # fmt: skip
 _DROP_RESPONSE = frozenset(name.encode() for name in HOP_BY_HOP)
 # Only encodings the capture can decode; the client still gets the upstream's bytes unchanged.
-_ACCEPT_ENCODING = "gzip, deflate"
+_ACCEPT_ENCODING = (b"accept-encoding", b"gzip, deflate")
 _TUNELOOP_PREFIX = b"x-tuneloop-"
 _TAGS = b"x-tuneloop-tags"
 
@@ -59,7 +59,8 @@ Headers = list[tuple[bytes, bytes]]  # ASGI's raw header list
 
 
 class UpstreamUnreachable(Exception):
-    """The upstream could not be reached or did not start answering in time (maps to 502)."""
+    """The upstream could not be reached or did not start answering in time (maps to 502).
+    Its message is the short kind a caller may see; the cause has the detail."""
 
 
 @dataclass
@@ -74,67 +75,43 @@ class Incoming:
     tags: list[str] = field(default_factory=list)
 
 
-def upstream_headers(incoming: Incoming, route: Route) -> list[tuple[str, str]]:
+def upstream_headers(incoming: Incoming, route: Route) -> Headers:
     headers = [
-        (name.decode("latin-1"), value.decode("latin-1"))
+        (name, value)
         for name, value in incoming.headers
         if name not in _DROP_REQUEST and not name.startswith(_TUNELOOP_PREFIX)
     ]
-    headers.append(("accept-encoding", _ACCEPT_ENCODING))
+    headers.append(_ACCEPT_ENCODING)
     if route.api_key:
-        if route.api == "anthropic":
-            headers.append(("x-api-key", route.api_key))
-        elif route.api == "gemini":
-            headers.append(("x-goog-api-key", route.api_key))
-        else:
-            headers.append(("authorization", f"Bearer {route.api_key}"))
+        headers.append(_key_header(route.api, route.api_key))
     return headers
 
 
-def upstream_url(incoming: Incoming, route: Route, path: str) -> URL:
-    # Gemini clients may put their (tuneloop) key in ?key=; it must not travel upstream. The
-    # rest of the query is kept as sent (Vertex uses `$alt=json;enum-encoding=int`).
+def _key_header(api: Api, key: str) -> tuple[bytes, bytes]:
+    if "\r" in key or "\n" in key:  # it comes from the environment; never let it split a header
+        raise ValueError(f"the {api} upstream key contains a line break")
+    if api == "anthropic":
+        return b"x-api-key", key.encode("latin-1")
+    if api == "gemini":
+        return b"x-goog-api-key", key.encode("latin-1")
+    return b"authorization", b"Bearer " + key.encode("latin-1")
+
+
+def upstream_target(incoming: Incoming, path: str) -> str:
+    """Path and query for the upstream. Gemini clients may put their (tuneloop) key in ?key=; it
+    must not travel upstream. The rest of the query is kept as sent (Vertex uses
+    `$alt=json;enum-encoding=int`)."""
+    if not incoming.query:
+        return path
     query = "&".join(
         item for item in incoming.query.split("&") if item and not item.startswith("key=")
     )
-    return URL(f"{route.base_url}{path}" + (f"?{query}" if query else ""), encoded=True)
+    return f"{path}?{query}" if query else path
 
 
 def parse_tags(headers: Headers) -> list[str]:
     raw = b",".join(value for name, value in headers if name == _TAGS).decode("latin-1")
     return [tag.strip() for tag in raw.split(",") if tag.strip()][:32]
-
-
-class UpstreamClient:
-    """One pooled aiohttp session for every upstream; opened on first use (inside the loop)."""
-
-    def __init__(
-        self, *, connect_timeout_s: float, read_timeout_s: float, max_connections: int
-    ) -> None:
-        # No total limit: a long generation streams for as long as it takes, but each read
-        # (the gap between chunks) is bounded.
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=connect_timeout_s, sock_read=read_timeout_s
-        )
-        self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
-
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0),
-                timeout=self._timeout,
-                auto_decompress=False,  # byte-exact pass-through; capture decodes its own copy
-                skip_auto_headers=("User-Agent",),  # the caller's own user-agent goes through
-                # One session serves every tenant: cookies an upstream sets (OpenAI's Cloudflare
-                # ones) go back to the caller untouched and are never sent on anyone's next call.
-                cookie_jar=aiohttp.DummyCookieJar(),
-            )
-        return self._session
-
-    async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
 
 
 @dataclass
@@ -154,7 +131,7 @@ class _Tap:
 
 async def forward(
     *,
-    client: UpstreamClient,
+    client: UpstreamPool,
     incoming: Incoming,
     route: Route,
     api: Api,
@@ -172,24 +149,20 @@ async def forward(
     """
     tap = _Tap(datetime.now(UTC), time.perf_counter())
     try:
-        upstream = await client.session().request(
+        upstream = await client.request(
             incoming.method,
-            upstream_url(incoming, route, path),
-            headers=upstream_headers(incoming, route),
-            data=incoming.body,
-            allow_redirects=False,
+            route.base_url,
+            upstream_target(incoming, path),
+            upstream_headers(incoming, route),
+            incoming.body,
         )
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise UpstreamUnreachable(f"{type(exc).__name__}: {exc}") from exc
+    except UpstreamError as exc:
+        raise UpstreamUnreachable(exc.kind) from exc
     try:
-        headers = [
-            (name.lower(), value)
-            for name, value in upstream.raw_headers
-            if name.lower() not in _DROP_RESPONSE
-        ]
+        headers = [(name, value) for name, value in upstream.headers if name not in _DROP_RESPONSE]
         headers += response_headers
         start = {"type": "http.response.start", "status": upstream.status, "headers": headers}
-        content_type = upstream.headers.get("content-type", "")
+        content_type = (upstream.header(b"content-type") or b"").decode("latin-1")
         if upstream.content_length is not None and not content_type.startswith("text/event-stream"):
             complete = await _relay_whole(upstream, start, send, tap)
         else:
@@ -207,7 +180,7 @@ async def forward(
                 status=upstream.status,
                 response_body=b"".join(tap.chunks),
                 content_type=content_type,
-                content_encoding=upstream.headers.get("content-encoding", ""),
+                content_encoding=(upstream.header(b"content-encoding") or b"").decode("latin-1"),
                 started_at=tap.started_at,
                 latency_ms=(time.perf_counter() - tap.start) * 1000,
                 ttft_ms=(tap.first_byte - tap.start) * 1000 if tap.first_byte else None,
@@ -218,13 +191,13 @@ async def forward(
 
 
 async def _relay_whole(
-    upstream: aiohttp.ClientResponse, start: dict[str, object], send: Send, tap: _Tap
+    upstream: UpstreamResponse, start: dict[str, object], send: Send, tap: _Tap
 ) -> bool:
     """A sized answer: read it all, then send it in one message (two writes, no chunking)."""
     try:
         body = await upstream.read()
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise UpstreamUnreachable(f"{type(exc).__name__}: {exc}") from exc
+    except UpstreamError as exc:
+        raise UpstreamUnreachable(exc.kind) from exc
     tap.add(body)
     await send(start)
     await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -232,7 +205,7 @@ async def _relay_whole(
 
 
 async def _relay_stream(
-    upstream: aiohttp.ClientResponse,
+    upstream: UpstreamResponse,
     start: dict[str, object],
     receive: Receive,
     send: Send,
@@ -243,7 +216,7 @@ async def _relay_stream(
     await send(start)
 
     async def pump() -> None:
-        async for chunk in upstream.content.iter_any():
+        while (chunk := await upstream.next_chunk()) is not None:
             tap.add(chunk)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})

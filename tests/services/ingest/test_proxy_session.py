@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from services.ingest.forwarding import control_client, relay
-from services.ingest.proxy import UpstreamClient
+from services.ingest.upstream_pool import UpstreamPool
 from tests.plugins.infra import free_port
 
 
@@ -54,14 +54,16 @@ async def test_cookies_an_upstream_sets_reach_the_caller_and_never_the_next_call
     cookie_setting_upstream: tuple[str, list[str | None]],
 ) -> None:
     base_url, seen = cookie_setting_upstream
-    client = UpstreamClient(connect_timeout_s=5, read_timeout_s=5, max_connections=4)
+    pool = UpstreamPool(connect_timeout_s=5, read_timeout_s=5, max_connections=4)
     try:
         for call in (1, 2, 3):
-            async with client.session().post(f"{base_url}/v1/chat/completions", data=b"{}") as r:
-                # The caller gets the upstream's Set-Cookie as sent (bytes pass through).
-                assert r.headers["Set-Cookie"] == f"__cf_bm=call-{call}; Path=/; HttpOnly"
+            answer = await pool.request("POST", base_url, "/v1/chat/completions", [], b"{}")
+            # The caller gets the upstream's Set-Cookie as sent (bytes pass through).
+            assert answer.header(b"set-cookie") == f"__cf_bm=call-{call}; Path=/; HttpOnly".encode()
+            assert await answer.read() == b'{"ok": true}'
+            answer.release()
     finally:
-        await client.aclose()
+        await pool.aclose()
     assert seen == [None, None, None]
 
 
