@@ -18,7 +18,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from fastapi import APIRouter, FastAPI
@@ -205,12 +205,14 @@ def run(
     *,
     workers: int = 1,
     access_log: bool = True,
+    http: type[asyncio.Protocol] | Literal["httptools"] = "httptools",
 ) -> None:
     """`python -m services.<name>`: serve the app with uvicorn on the service's port.
 
     `app` is the app, or the import string of a factory calling `prepare_worker` (required for
     workers > 1: each worker process builds its own app and shares the listening socket).
     `access_log=False` for a service whose hot path counts its requests in metrics instead.
+    `http`: uvicorn's HTTP protocol, or a subclass of it (the ingest gateway's).
     """
     settings = settings or get_settings()
     prepare_process(name, settings)
@@ -222,7 +224,7 @@ def run(
         port=settings.services.port_of(name),
         log_config=None,  # keep our structured, redacting handlers
         loop="uvloop",
-        http="httptools",
+        http=http,
         access_log=access_log,
         timeout_graceful_shutdown=10,
     )

@@ -4,7 +4,7 @@ from fastapi import FastAPI
 
 from services.ingest import api, handlers
 from services.ingest.datasets import DatasetWorker
-from services.ingest.fastpath import ProxyRoutes, is_proxy_call
+from services.ingest.fastpath import ProxyEndpoints, ProxyRoutes, is_proxy_call
 from services.ingest.state import Ingest
 from shared import bus
 from shared.events import Event
@@ -37,9 +37,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="HTTP edge: the OpenAI/Anthropic/Gemini-compatible gateway, JSONL upload, OTLP trace receiver, sample store and dataset builder.",
         untraced=is_proxy_call,
     )
-    # The proxy routes are answered ahead of FastAPI (api.py's routes document them).
+    # The proxy routes are answered ahead of FastAPI (api.py's routes document them): by the
+    # HTTP protocol itself when served by `python -m services.ingest`, else by the middleware.
     assert runtime.telemetry is not None
-    app.add_middleware(ProxyRoutes, gateway=ingest.gateway, telemetry=runtime.telemetry)
+    endpoints = ProxyEndpoints(ingest.gateway, runtime.telemetry)
+    app.add_middleware(ProxyRoutes, endpoints=endpoints)
+    app.state.proxy_endpoints = endpoints
     app.state.ingest = ingest
     app.state.datasets = datasets
     return app

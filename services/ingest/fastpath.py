@@ -1,9 +1,11 @@
 """The proxy routes, served ahead of FastAPI: the gateway's hot path as plain ASGI.
 
 A proxied call needs no framework routing, dependency resolution or per-request span, and on a
-small machine those cost more than the proxying itself. `ProxyRoutes` sits in front of the app,
-answers the three provider paths through `Gateway.serve`, and passes everything else on. Those
-calls are excluded from FastAPI's tracing (`is_proxy_call`); they are still counted in
+small machine those cost more than the proxying itself. `ProxyEndpoints` answers the three
+provider paths through `Gateway.serve`. The HTTP server hands those calls to it directly
+(services.ingest.gateway_protocol); `ProxyRoutes` does the same as middleware in front of the
+app, for any other ASGI server (and the tests' in-process clients). Those calls are excluded
+from FastAPI's tracing (`is_proxy_call`); they are still counted in
 `http_server_requests_total` (by route template, in batches: one counter update per second and
 label set instead of one per call) and still carry `x-tuneloop-served-by`.
 """
@@ -30,10 +32,16 @@ _FLUSH_S = 1.0
 
 
 def is_proxy_call(scope: MutableMapping[str, Any]) -> bool:
-    """True for the calls ProxyRoutes answers (FastAPI's telemetry `exclude` hook)."""
-    if scope.get("type") != "http" or scope.get("method") != "POST":
+    """True for the calls ProxyEndpoints answers (FastAPI's telemetry `exclude` hook)."""
+    if scope.get("type") != "http":
         return False
-    path = scope.get("path", "")
+    return answers(scope.get("method", ""), scope.get("path", ""))
+
+
+def answers(method: str, path: str) -> bool:
+    """Whether a request is one of the proxied provider calls."""
+    if method != "POST":
+        return False
     return path in (OPENAI_PATH, ANTHROPIC_PATH) or _gemini_model_action(path) is not None
 
 
@@ -45,17 +53,30 @@ def _gemini_model_action(path: str) -> str | None:
 
 
 class ProxyRoutes:
-    def __init__(self, app: ASGIApp, gateway: Gateway, telemetry: Telemetry) -> None:
+    """ASGI middleware: the proxied calls go to `endpoints`, everything else on to `app`.
+    (services.ingest.gateway_protocol hands them to `endpoints` before any ASGI middleware.)"""
+
+    def __init__(self, app: ASGIApp, endpoints: ProxyEndpoints) -> None:
         self.app = app
+        self.endpoints = endpoints
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and answers(scope["method"], scope["path"]):
+            await self.endpoints(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+
+class ProxyEndpoints:
+    """The three provider paths as one raw ASGI app; only ever given calls `answers` accepts."""
+
+    def __init__(self, gateway: Gateway, telemetry: Telemetry) -> None:
         self.gateway = gateway
         self.telemetry = telemetry
         self._counts: Counter[tuple[str, int]] = Counter()
         self._flush_pending = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
         path: str = scope["path"]
         status = 500  # what the client gets when serving raises before responding
 
@@ -73,9 +94,7 @@ class ProxyRoutes:
                 self._count(path, status)
             return
         model_action = _gemini_model_action(path)
-        if model_action is None:
-            await self.app(scope, receive, send)
-            return
+        assert model_action is not None, f"{path} is not a proxied path"
         try:
             await self._gemini(scope, receive, noting_status, model_action)
         finally:
