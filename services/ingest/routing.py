@@ -48,8 +48,9 @@ class Upstream:
         return any(fnmatch.fnmatchcase(model, pattern) for pattern in self.models)
 
     def route(self) -> Route:
-        key = os.environ.get(self.api_key_env) if self.api_key_env else None
-        return Route(self.name, self.api, self.base_url.rstrip("/"), key)
+        # A key read from a file often ends in a newline; no key has surrounding whitespace.
+        key = os.environ.get(self.api_key_env, "").strip() if self.api_key_env else ""
+        return Route(self.name, self.api, self.base_url.rstrip("/"), key or None)
 
 
 def _upstream(index: int, entry: Any) -> Upstream:
