@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import yaml
 
+from shared.events import STREAMS
 from shared.settings import Settings
 
 STACK_FILE = Path(__file__).resolve().parents[1] / "deploy" / "local" / "stack.yaml"
@@ -122,7 +123,16 @@ def prepare_s3(settings: Settings) -> None:
         json.dump(identities, handle)
 
 
-_PREPARE: dict[str, Callable[[Settings], None]] = {"s3": prepare_s3}
+def prepare_nats(settings: Settings) -> None:
+    """nats-server takes its payload limit from a config file only. Its default, 1 MB, is below
+    the samples stream's message size: a sample over it could never be published."""
+    limit = max(stream.max_msg_size for stream in STREAMS)
+    path = settings.app.data_dir.resolve() / "run" / "nats.conf"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"max_payload: {limit}\n")
+
+
+_PREPARE: dict[str, Callable[[Settings], None]] = {"s3": prepare_s3, "nats": prepare_nats}
 
 
 def _setting(settings: Settings, dotted: str) -> Any:

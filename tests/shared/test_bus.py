@@ -9,7 +9,8 @@ import pytest
 from faststream.nats import NatsBroker
 
 from shared import bus
-from shared.events import JOBS, STREAMS, JobQueued
+from shared.chat import Sample
+from shared.events import JOBS, SAMPLES, STREAMS, JobQueued, SampleCaptured
 from shared.settings import NatsSettings, Settings
 from tests.plugins.infra import RunningProcess, free_port, make_settings
 
@@ -124,6 +125,31 @@ async def test_events_published_together_reach_a_faststream_subscriber_once_each
     finally:
         await producer.stop()
         await consumer.stop()
+
+
+async def test_a_sample_as_large_as_its_stream_allows_can_be_published(
+    nats_settings: NatsSettings,
+) -> None:
+    # nats-server's own default payload limit is 1 MB; the stack's config raises it to the
+    # largest stream message (the samples stream's 8 MB), or such a sample could never go out.
+    producer = await _started(nats_settings, "producer")
+    try:
+        assert producer.connection.max_payload >= SAMPLES.max_msg_size
+        sample = Sample.model_validate(
+            {
+                "tenant": "acme",
+                "source": "gateway",
+                "created_at": "2026-12-03T12:00:00Z",
+                "messages": [
+                    {"role": "user", "content": "x" * 3_000_000},
+                    {"role": "assistant", "content": "ok"},
+                ],
+            }
+        )
+        event = SampleCaptured(tenant="acme", sample=sample)
+        assert await bus.publish_many(producer, [event]) == [None]
+    finally:
+        await producer.stop()
 
 
 async def test_events_published_together_without_nats_each_report_their_error(
