@@ -277,35 +277,27 @@ async def claim_and_process(
 ) -> None:
     """Work the file if this process wins its lease; otherwise leave it to the holder. A new
     upload's row, written already leased (`leased_to`, see first_lease), is worked at once."""
-    if leased_to is not None:
-        await process_file(
-            engine=engine,
-            store=store,
-            pipeline=pipeline,
-            row=row,
-            spool_dir=spool_dir,
-            owner=leased_to,
-            lease_s=lease_s,
-        )
-        return
-    owner = new_lease_owner()
-    try:
-        claimed = await asyncio.to_thread(
-            claim, engine, row.id, owner=owner, lease_s=lease_s, max_attempts=max_attempts
-        )
-    except Exception:
-        log.warning(
-            "file %s could not be claimed; a later sweep tries again", row.id, exc_info=True
-        )
-        return
-    if claimed is None:
-        log.debug("file %s is held by another process or done", row.id)
-        return
+    owner = leased_to
+    if owner is None:
+        owner = new_lease_owner()
+        try:
+            claimed = await asyncio.to_thread(
+                claim, engine, row.id, owner=owner, lease_s=lease_s, max_attempts=max_attempts
+            )
+        except Exception:
+            log.warning(
+                "file %s could not be claimed; a later sweep tries again", row.id, exc_info=True
+            )
+            return
+        if claimed is None:
+            log.debug("file %s is held by another process or done", row.id)
+            return
+        row = claimed
     await process_file(
         engine=engine,
         store=store,
         pipeline=pipeline,
-        row=claimed,
+        row=row,
         spool_dir=spool_dir,
         owner=owner,
         lease_s=lease_s,
