@@ -196,8 +196,33 @@ def _headers(event: Event) -> dict[str, str]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class EncodedEvent:
+    """A JetStream event already serialised, as `publish_many` would send it: made where the
+    event is built (an OTLP decoding process) so the process that publishes only sends bytes."""
+
+    subject: str
+    stream: str
+    event_id: str
+    headers: dict[str, str]
+    payload: bytes
+
+
+def encode(event: Event) -> EncodedEvent:
+    """The event as `publish_many` sends it; ValueError for an event of no stream."""
+    if event.stream is None:
+        raise ValueError(f"{type(event).__name__} is not a JetStream event")
+    return EncodedEvent(
+        event.subject,
+        event.stream.name,
+        event.event_id,
+        _headers(event),
+        pydantic_core.to_json(event),
+    )
+
+
 async def publish_many(
-    broker: NatsBroker, events: Sequence[Event], *, timeout_s: float = 5.0
+    broker: NatsBroker, events: Sequence[Event | EncodedEvent], *, timeout_s: float = 5.0
 ) -> list[BaseException | None]:
     """Publish JetStream events together: all go out at once and their acks are awaited as a
     group (up to `timeout_s`). Returns each event's outcome in order: None when the stream
@@ -217,19 +242,17 @@ async def publish_many(
         js = _publish_contexts[connection] = connection.jetstream()
     pending: list[asyncio.Future[Any] | BaseException] = []
     for event in events:
-        if event.stream is None:
-            pending.append(ValueError(f"{type(event).__name__} is not a JetStream event"))
-            continue
         try:
+            encoded = event if isinstance(event, EncodedEvent) else encode(event)
             pending.append(
                 await js.publish_async(
-                    event.subject,
-                    pydantic_core.to_json(event),
-                    stream=event.stream.name,
-                    headers=_headers(event),
+                    encoded.subject,
+                    encoded.payload,
+                    stream=encoded.stream,
+                    headers=encoded.headers,
                 )
             )
-        except Exception as exc:  # not connected, too many in flight: this event failed
+        except Exception as exc:  # no stream, not connected, too many in flight: this one failed
             pending.append(exc)
     futures = [f for f in pending if isinstance(f, asyncio.Future)]
     if futures:

@@ -28,6 +28,7 @@ from services.ingest.formats import UnknownFormat, check_format
 from services.ingest.gateway import GEMINI_ACTIONS
 from services.ingest.models import UploadedFile
 from services.ingest.otlp import OtlpDecodeError, OtlpTooLargeError, OtlpUnsupportedError
+from services.ingest.otlp_workers import MapperUnavailable
 from services.ingest.state import Ingest
 from shared import auth
 from shared.db import get_engine, session_scope
@@ -98,6 +99,7 @@ async def otlp_traces(request: Request, ingest: IngestDep) -> Response:
     try:
         outcome = await traces.export_traces(
             ingest.pipeline,
+            ingest.otlp,
             body=body,
             content_type=request.headers.get("content-type", ""),
             content_encoding=request.headers.get("content-encoding"),
@@ -110,6 +112,9 @@ async def otlp_traces(request: Request, ingest: IngestDep) -> Response:
     except OtlpDecodeError as exc:
         # OTLP/HTTP: a bad request gets 400 with a google.rpc.Status body and must not be retried.
         return JSONResponse({"code": 3, "message": str(exc)}, status_code=400)
+    except MapperUnavailable as exc:
+        # 503 is one of the codes OTLP/HTTP exporters retry (code 14: UNAVAILABLE).
+        return JSONResponse({"code": 14, "message": str(exc)}, status_code=503)
     return Response(outcome.body, media_type=outcome.media_type)
 
 

@@ -27,14 +27,15 @@ import orjson
 
 from services.ingest.normalize import Exchange, NormalizeError
 from services.ingest.routing import Api
+from shared.bus import EncodedEvent
 from shared.events import SampleCaptured
 from shared.processes import pid_alive
 
 log = logging.getLogger("tuneloop.ingest.capture")
 
 Publish = Callable[[SampleCaptured], Awaitable[None]]
-# Publishes events together; each one's outcome in order, None when it was stored.
-PublishMany = Callable[[list[SampleCaptured]], Awaitable[list[BaseException | None]]]
+# Publishes encoded events together; each one's outcome in order, None when it was stored.
+PublishMany = Callable[[list[EncodedEvent]], Awaitable[list[BaseException | None]]]
 
 
 @dataclass

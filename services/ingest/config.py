@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -39,6 +40,11 @@ class IngestSettings(BaseSettings):
     # services.ingest.shipper`, on the same machine, does the rest (shipper.py). Uploads and
     # OTLP exports are captured where they arrive either way.
     capture: Literal["inline", "process"] = "inline"
+    # OTLP exports of otlp_process_min_bytes or more are decoded and mapped in a pool of this
+    # many processes per worker (otlp_workers.py), so they use every core and never hold the
+    # gateway's event loop; 0 maps them in the service process (a thread for large ones).
+    otlp_processes: int = Field(default_factory=lambda: min(os.cpu_count() or 1, 4), ge=0, le=64)
+    otlp_process_min_bytes: int = Field(default=64 * 1024, ge=0)
     # The shipper and persister processes run in this CPU class (shared.processes), so on a
     # machine they share with the gateway a call never waits for their batches: they catch up
     # when the cores are free, and until then the journal and the stream hold their work.

@@ -28,6 +28,10 @@ class OtlpDecodeError(ValueError):
         self.path = path
         self.reason = reason
 
+    def __reduce__(self) -> tuple[type[OtlpDecodeError], tuple[str, str]]:
+        # Raised in an OTLP mapping process and pickled back: rebuilt from its two parts.
+        return type(self), (self.path, self.reason)
+
 
 class OtlpTooLargeError(OtlpDecodeError):
     """A hard limit was exceeded (the HTTP layer answers 413)."""

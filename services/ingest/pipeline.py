@@ -6,6 +6,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
 
 from services.ingest.capture import (
     CapturedCall,
@@ -19,6 +23,7 @@ from services.ingest.journal import Journal, Ticket
 from services.ingest.media import offload_media
 from services.ingest.normalize import NormalizeError, normalize
 from services.ingest.scrub import scrub_secrets
+from shared import bus
 from shared.chat import MediaPart, Sample
 from shared.events import SampleCaptured
 from shared.storage import ObjectStore
@@ -36,12 +41,29 @@ def _event(sample: Sample) -> SampleCaptured:
     return SampleCaptured(tenant=sample.tenant, event_id=_event_id(sample), sample=sample)
 
 
-def _has_inline_media(sample: Sample) -> bool:
+def has_inline_media(sample: Sample) -> bool:
     return any(
         isinstance(part, MediaPart) and part.data is not None
         for message in sample.messages
         for part in message.content
     )
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedSample:
+    """A sample ready to publish: secrets scrubbed, no inline media, encoded as its
+    sample.captured event. Small and cheap to pickle, so an OTLP decoding process can hand it
+    back (otlp_workers.py) and the service process only sends the bytes."""
+
+    tenant: str
+    source: str
+    sample_id: str
+    event: bus.EncodedEvent
+
+    @classmethod
+    def of(cls, sample: Sample) -> PreparedSample:
+        """`sample` (scrubbed, its media moved out) encoded."""
+        return cls(sample.tenant, sample.source, sample.id, bus.encode(_event(sample)))
 
 
 class CapturePipeline:
@@ -59,8 +81,9 @@ class CapturePipeline:
         replay_interval_s: float = 1.0,
     ) -> None:
         self._publish = publish
-        # Several samples in flight at once, each outcome reported (shared.bus.publish_many).
-        self._publish_many = publish_many
+        # Several samples in flight at once, each outcome reported (shared.bus.publish_many);
+        # given only `publish` (tests), events are decoded back and published one by one.
+        self._publish_many = publish_many or self._publish_each
         self._store = store
         self.spill = spill
         self._queue: asyncio.Queue[tuple[CapturedCall, Ticket | None]] = asyncio.Queue(
@@ -165,7 +188,7 @@ class CapturePipeline:
     async def _prepare(self, sample: Sample) -> Sample:
         """Secrets scrubbed, inline media moved to object storage."""
         sample = scrub_secrets(sample)
-        if _has_inline_media(sample):
+        if has_inline_media(sample):
             if self._store is None:
                 raise RuntimeError("no object store configured for media")
             sample = await asyncio.to_thread(offload_media, sample, self._store, self._known_media)
@@ -174,8 +197,11 @@ class CapturePipeline:
         return sample
 
     def _spill(self, sample: Sample, exc: BaseException) -> None:
-        log.warning("sample %s spilled for replay: %s: %s", sample.id, type(exc).__name__, exc)
-        self.spill.append("sample", sample.model_dump(mode="json"))
+        self._spill_record(sample.id, sample.model_dump(mode="json"), exc)
+
+    def _spill_record(self, sample_id: str, payload: dict[str, Any], exc: BaseException) -> None:
+        log.warning("sample %s spilled for replay: %s: %s", sample_id, type(exc).__name__, exc)
+        self.spill.append("sample", payload)
 
     async def deliver(self, sample: Sample) -> None:
         """Offload media, publish; on any failure keep the sample in the spill file."""
@@ -190,24 +216,37 @@ class CapturePipeline:
     async def deliver_many(self, samples: list[Sample], *, batch: int = 256) -> None:
         """Deliver many samples (an upload chunk, an OTLP request, a shipper batch): published
         together, each one that fails kept in the spill file."""
-        if self._publish_many is None:
-            for start in range(0, len(samples), 64):
-                await asyncio.gather(*(self.deliver(s) for s in samples[start : start + 64]))
-            return
-        ready: list[Sample] = []
+        ready: list[PreparedSample] = []
         for sample in samples:
             try:
-                ready.append(await self._prepare(sample))
+                ready.append(PreparedSample.of(await self._prepare(sample)))
             except Exception as exc:
                 self._spill(sample, exc)
-        for start in range(0, len(ready), batch):
-            chunk = ready[start : start + batch]
-            outcomes = await self._publish_many([_event(sample) for sample in chunk])
-            for sample, error in zip(chunk, outcomes, strict=True):
+        await self.deliver_prepared(ready, batch=batch)
+
+    async def deliver_prepared(self, prepared: list[PreparedSample], *, batch: int = 256) -> None:
+        """Publish samples prepared already (here, or in an OTLP decoding process) together;
+        each one that fails is kept in the spill file."""
+        for start in range(0, len(prepared), batch):
+            chunk = prepared[start : start + batch]
+            outcomes = await self._publish_many([item.event for item in chunk])
+            for item, error in zip(chunk, outcomes, strict=True):
                 if error is None:
-                    self.fidelity.count_sample(sample.tenant, sample.source)
+                    self.fidelity.count_sample(item.tenant, item.source)
                 else:
-                    self._spill(sample, error)
+                    # The spill keeps samples, not events: the one inside the event's JSON.
+                    sample = orjson.loads(item.event.payload)["sample"]
+                    self._spill_record(item.sample_id, sample, error)
+
+    async def _publish_each(self, events: list[bus.EncodedEvent]) -> list[BaseException | None]:
+        async def one(encoded: bus.EncodedEvent) -> BaseException | None:
+            try:
+                await self._publish(SampleCaptured.model_validate_json(encoded.payload))
+            except Exception as exc:
+                return exc
+            return None
+
+        return list(await asyncio.gather(*(one(event) for event in events)))
 
     async def replay(self) -> int:
         """Process every spilled record once; what fails again is spilled anew. Returns the count."""

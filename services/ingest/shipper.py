@@ -220,7 +220,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     def can_publish() -> bool:
         return broker.connection is not None and broker.connection.is_connected
 
-    async def publish_many(events: list[SampleCaptured]) -> list[BaseException | None]:
+    async def publish_many(events: list[bus.EncodedEvent]) -> list[BaseException | None]:
         return await bus.publish_many(broker, events)
 
     pipeline = CapturePipeline(

@@ -20,6 +20,7 @@ from services.ingest.forwarding import service_urls
 from services.ingest.gateway import Gateway
 from services.ingest.journal import Journal, journal_dir
 from services.ingest.models import UploadedFile
+from services.ingest.otlp_workers import ExportMapper
 from services.ingest.pipeline import CapturePipeline
 from services.ingest.routing import RoutingTable, load_upstreams
 from shared import bus
@@ -48,6 +49,8 @@ class Ingest:
     persister: bus.BatchConsumer[Any] | None
     # The fidelity report's counts -> the database, every few seconds (fidelity.py).
     fidelity: FidelityFlusher
+    # OTLP exports -> samples, large ones in a pool of processes (otlp_workers.py).
+    otlp: ExportMapper
     # TUNELOOP_INGEST_CAPTURE=process: where proxied calls go for the shipper process.
     shipped_journal: Journal | None = None
     _file_tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -68,7 +71,7 @@ class Ingest:
         shipped = ingest_settings.capture == "process"
         journal = Journal(journal_dir(settings), shipped=shipped)
 
-        async def publish_many(events: list[SampleCaptured]) -> list[BaseException | None]:
+        async def publish_many(events: list[bus.EncodedEvent]) -> list[BaseException | None]:
             return await bus.publish_many(broker, events)
 
         pipeline = CapturePipeline(
@@ -102,6 +105,9 @@ class Ingest:
             if ingest_settings.persister == "inline"
             else None,
             FidelityFlusher(pipeline.fidelity, engine),
+            ExportMapper(
+                ingest_settings.otlp_processes, min_bytes=ingest_settings.otlp_process_min_bytes
+            ),
             shipped_journal=journal if shipped else None,
         )
 
@@ -157,5 +163,6 @@ class Ingest:
         # in the stream for the next start.
         if self.persister is not None:
             await self.persister.stop()
+        self.otlp.close()
         await self.gateway.aclose()
         await self.control_client.aclose()

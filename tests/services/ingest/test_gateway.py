@@ -11,14 +11,19 @@ from pathlib import Path
 import anthropic
 import httpx
 import openai
+import psutil
 import pytest
 
+from services.ingest.config import IngestSettings
+from services.ingest.otlp_workers import map_export
 from shared import bus, localstack
-from shared.events import DeploymentReady, DeploymentStopped, Event
+from shared.chat import Sample
+from shared.events import DeploymentReady, DeploymentStopped, Event, SampleCaptured
 from shared.settings import Settings
+from tests.benchmarks.otlp_traces import TraceFactory, export_bodies
 from tests.fakes.upstream import recorded
 from tests.plugins.infra import RunningProcess
-from tests.services.ingest.conftest import Edge
+from tests.services.ingest.conftest import ADMIN, Edge
 
 
 def test_openai_sdk_through_the_gateway_gets_the_providers_answer_and_is_captured(
@@ -303,6 +308,35 @@ def test_an_opentelemetry_sdk_exporter_pointed_at_the_gateway_just_works(edge: E
     assert sample["messages"][-1]["content"][0]["text"] == "18°C in Paris."
     assert sample["response"]["usage"]["input_tokens"] == 30
     assert sample["source_ref"].startswith(sample["source_ref"].split("/")[0])
+
+
+def test_large_exports_are_mapped_in_pool_processes_and_every_sample_stored(edge: Edge) -> None:
+    tenant = {"id": "bulk-otlp", "name": "bulk"}
+    assert httpx.post(f"{edge.url}/v1/admin/tenants", json=tenant, headers=ADMIN).is_success
+    key = httpx.post(f"{edge.url}/v1/admin/tenants/bulk-otlp/api_keys", json={"name": "t"},
+                     headers=ADMIN).json()["key"]  # fmt: skip
+    factory = TraceFactory(seed=5)
+    expected: dict[str, Sample] = {}
+    for encoding, content_type in (("protobuf", "application/x-protobuf"),
+                                   ("json", "application/json")):  # fmt: skip
+        [body] = export_bodies(factory, requests=1, traces_per_request=20, encoding=encoding)
+        assert len(body) >= IngestSettings().otlp_process_min_bytes
+        answer = httpx.post(f"{edge.url}/v1/traces", content=body,
+                            headers={"Authorization": f"Bearer {key}", "content-type": content_type})  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        mapped = map_export(body, content_type, None, "bulk-otlp")
+        assert not mapped.rejected
+        expected |= {
+            item.sample_id: SampleCaptured.model_validate_json(item.event.payload).sample
+            for item in mapped.prepared
+        }
+    # The service's pool processes did the mapping (spawned children of the service).
+    children = psutil.Process(edge.process.process.pid).children(recursive=True)
+    assert any("spawn_main" in " ".join(child.cmdline()) for child in children)
+    stored = edge.wait_for_samples(40, key=key, source="otlp", limit=100)
+    assert {sample["id"] for sample in stored} == set(expected)
+    for sample in stored:
+        assert Sample.model_validate(sample).messages == expected[sample["id"]].messages
 
 
 def test_otlp_fixtures_and_bad_bodies_get_otlp_answers(edge: Edge) -> None:

@@ -1,0 +1,181 @@
+"""OTLP exports mapped in pool processes (otlp_workers.py): the same samples as mapped in this
+process, errors that keep their type and path on the way back, a dead pool process answered as
+retryable and replaced, and prepared samples that fail to publish kept whole in the spill file."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from services.ingest.capture import SpillFile
+from services.ingest.otlp import OtlpDecodeError, OtlpTooLargeError
+from services.ingest.otlp_workers import ExportMapper, MappedExport, MapperUnavailable, map_export
+from services.ingest.pipeline import CapturePipeline
+from shared.bus import BusUnavailable, EncodedEvent
+from shared.events import SampleCaptured
+from tests.benchmarks.otlp_traces import SpanData, TraceFactory, to_json, to_protobuf
+
+PROTOBUF, JSON = "application/x-protobuf", "application/json"
+SECRET = "sk-proj-" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6"
+PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(range(64))).decode()
+
+
+def _export(traces: int, *, image: bool = False, encoding: str = "protobuf") -> bytes:
+    """`traces` agent traces (one sample each); the first trace's question carries a pasted
+    key and, with `image`, the second's a PNG."""
+    factory = TraceFactory(seed=11)
+    per_trace = [factory.trace() for _ in range(traces)]
+    _add_to_question(per_trace[0], {"type": "text", "content": f"my key is {SECRET}"})
+    if image:
+        blob = {"type": "blob", "modality": "image", "mime_type": "image/png", "content": PNG}
+        _add_to_question(per_trace[1], blob)
+    spans = [span for trace in per_trace for span in trace]
+    return to_protobuf(spans) if encoding == "protobuf" else to_json(spans)
+
+
+def _add_to_question(trace: list[SpanData], part: dict[str, str]) -> None:
+    """`part` added to the user's question in every chat span's history, as an agent sends it."""
+    for span in trace:
+        if span.attributes.get("gen_ai.operation.name") == "chat":
+            history = orjson.loads(span.attributes["gen_ai.input.messages"])
+            history[0]["parts"].append(part)
+            span.attributes["gen_ai.input.messages"] = orjson.dumps(history).decode()
+
+
+@pytest.fixture
+def mapper() -> Iterator[ExportMapper]:
+    mapper = ExportMapper(1, min_bytes=0)
+    yield mapper
+    mapper.close()
+
+
+def _in_pool(mapper: ExportMapper, body: bytes, content_type: str = PROTOBUF) -> MappedExport:
+    return asyncio.run(mapper.map(body, content_type, None, "acme"))
+
+
+def _events(mapped: MappedExport) -> list[tuple[object, ...]]:
+    """Each prepared sample as what identifies it, with its event's JSON less the time the
+    event was made."""
+    found = []
+    for item in mapped.prepared:
+        event = orjson.loads(item.event.payload)
+        del event["occurred_at"]
+        found.append((item.tenant, item.source, item.sample_id, item.event.subject,
+                      item.event.stream, item.event.event_id, item.event.headers, event))  # fmt: skip
+    return found
+
+
+@pytest.mark.parametrize("encoding", ["protobuf", "json"])
+def test_a_pool_process_maps_an_export_as_this_process_does(
+    mapper: ExportMapper, encoding: str
+) -> None:
+    content_type = PROTOBUF if encoding == "protobuf" else JSON
+    body = _export(4, image=True, encoding=encoding)
+    here = map_export(body, content_type, None, "acme")
+    there = _in_pool(mapper, body, content_type)
+    assert _events(there) == _events(here)  # the same events, ids and headers
+    assert there.with_media == here.with_media
+    assert (there.rejected, there.dropped) == (here.rejected, here.dropped)
+    # The trace with an image comes back as a sample (its media is the pipeline's to move);
+    # the others come back encoded, scrubbed, as sample.captured events.
+    assert (len(there.with_media), len(there.prepared), there.samples) == (1, 3, 4)
+    for item in there.prepared:
+        event = SampleCaptured.model_validate_json(item.event.payload)
+        assert (item.tenant, item.source, item.sample_id) == ("acme", "otlp", event.sample.id)
+        assert item.event.subject == event.subject
+        assert item.event.event_id == event.event_id
+        assert SECRET not in item.event.payload.decode()
+    assert b"[REDACTED]" in there.prepared[0].event.payload
+    assert there.with_media[0].messages[1].content[-1].data == PNG
+
+
+def test_errors_raised_in_a_pool_process_keep_their_type_and_path(mapper: ExportMapper) -> None:
+    with pytest.raises(OtlpDecodeError) as here:
+        map_export(b"\x0a\xff\xff", PROTOBUF, None, "acme")
+    with pytest.raises(OtlpDecodeError) as there:
+        _in_pool(mapper, b"\x0a\xff\xff")
+    assert (type(there.value), str(there.value)) == (type(here.value), str(here.value))
+
+    value: dict[str, object] = {"stringValue": "deep"}
+    for _ in range(20):
+        value = {"arrayValue": {"values": [value]}}
+    span = {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "s", "startTimeUnixNano": "1",
+            "endTimeUnixNano": "2", "attributes": [{"key": "deep", "value": value}]}  # fmt: skip
+    deep = orjson.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+    with pytest.raises(OtlpTooLargeError) as too_deep:
+        _in_pool(mapper, deep, JSON)
+    assert too_deep.value.path.startswith("resourceSpans[0].scopeSpans[0].spans[0].attributes[0]")
+    assert "nested deeper than" in too_deep.value.reason
+    with pytest.raises(OtlpTooLargeError) as here:
+        map_export(deep, JSON, None, "acme")
+    assert (too_deep.value.path, too_deep.value.reason) == (here.value.path, here.value.reason)
+
+
+def test_a_killed_pool_process_fails_as_retryable_and_a_new_pool_takes_the_next_export(
+    mapper: ExportMapper,
+) -> None:
+    body = _export(2)
+    assert _in_pool(mapper, body).samples == 2
+    pool = mapper._pool
+    assert pool is not None
+    for pid in list(pool._processes):  # type: ignore[attr-defined]  # the pool's own processes
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(MapperUnavailable, match="send it again"):
+        _in_pool(mapper, body)
+    assert _in_pool(mapper, body).samples == 2
+    assert mapper._pool is not pool
+
+
+def test_small_exports_and_a_mapper_without_processes_stay_in_this_process() -> None:
+    mapper = ExportMapper(0)
+    assert _in_pool(mapper, _export(30)).samples == 30  # past the thread threshold
+    assert mapper._pool is None
+    mapper = ExportMapper(2, min_bytes=1 << 20)
+    assert _in_pool(mapper, _export(2)).samples == 2
+    assert mapper._pool is None
+
+
+def test_prepared_samples_that_fail_to_publish_are_spilled_whole_and_replayed(
+    tmp_path: Path,
+) -> None:
+    published: list[SampleCaptured] = []
+
+    async def publish(event: SampleCaptured) -> None:
+        published.append(event)
+
+    async def nats_away(events: list[EncodedEvent]) -> list[BaseException | None]:
+        return [BusUnavailable("not connected to NATS") for _ in events]
+
+    pipeline = CapturePipeline(publish=publish, publish_many=nats_away, store=None,
+                               spill=SpillFile(tmp_path / "spill.jsonl"), queue_size=10,
+                               can_publish=lambda: True, workers=0)  # fmt: skip
+    prepared = map_export(_export(3), PROTOBUF, None, "acme").prepared
+    asyncio.run(pipeline.deliver_prepared(prepared))
+    assert published == []
+    assert pipeline.fidelity.drain() == []
+    assert asyncio.run(pipeline.replay()) == 3
+    assert [(d.kind, d.count) for d in pipeline.fidelity.drain()] == [("samples", 3)]
+    expected = [SampleCaptured.model_validate_json(p.event.payload).sample for p in prepared]
+    assert [event.sample for event in published] == expected
+
+
+def test_a_pipeline_given_only_publish_sends_prepared_samples_one_by_one(tmp_path: Path) -> None:
+    published: list[SampleCaptured] = []
+
+    async def publish(event: SampleCaptured) -> None:
+        published.append(event)
+
+    pipeline = CapturePipeline(publish=publish, store=None,
+                               spill=SpillFile(tmp_path / "spill.jsonl"), queue_size=10,
+                               can_publish=lambda: True, workers=0)  # fmt: skip
+    prepared = map_export(_export(2), PROTOBUF, None, "acme").prepared
+    asyncio.run(pipeline.deliver_prepared(prepared))
+    assert [event.event_id for event in published] == [p.event.event_id for p in prepared]
+    assert not pipeline.spill.pending()
