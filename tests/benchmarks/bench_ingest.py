@@ -35,6 +35,7 @@ from tests.benchmarks import pyspy
 from tests.benchmarks.otlp_traces import SPANS_PER_TRACE, TraceFactory, export_bodies
 from tests.benchmarks.stack import (
     Ingest,
+    launch_process,
     make_console,
     sigterm_as_interrupt,
     start_infra,
@@ -42,6 +43,7 @@ from tests.benchmarks.stack import (
     wait_for_count,
     workdir,
 )
+from tests.plugins.infra import persister_process
 
 ROOT = Path(__file__).resolve().parents[2]
 GOAL_SPANS_PER_S = 20_000
@@ -72,6 +74,9 @@ class Pipeline:
     # CPU seconds the ingest process (all its threads) used meanwhile: unlike the rates, this
     # barely moves when other processes compete for the cores.
     service_cpu_s: float
+    # CPU seconds the whole machine was busy (every process: NATS, S3, the persister, this
+    # client): against persisted_s it says whether the run was short of CPU or waiting.
+    machine_cpu_s: float
 
     @property
     def spans_per_s(self) -> float:
@@ -133,6 +138,7 @@ def through_service(
     before = ingest.count_samples("otlp")
     service = psutil.Process(ingest.pid)
     cpu_before = _cpu_s(service)
+    machine_before = _busy_s()
     start = time.monotonic()
     rejected = asyncio.run(_post_all(ingest, bodies, encoding, concurrency))
     accepted = time.monotonic()
@@ -140,8 +146,14 @@ def through_service(
         lambda: ingest.count_samples("otlp") - before, samples, timeout_s=120
     )
     cpu = _cpu_s(service) - cpu_before
+    machine = _busy_s() - machine_before
     spans = samples * SPANS_PER_TRACE
-    return Pipeline(spans, samples, persisted, rejected, accepted - start, at - start, cpu)
+    return Pipeline(spans, samples, persisted, rejected, accepted - start, at - start, cpu, machine)
+
+
+def _busy_s() -> float:
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
 def _cpu_s(process: psutil.Process) -> float:
@@ -188,6 +200,19 @@ def report(
             console.print(f"[red]{encoding}: {run.rejected_spans} spans rejected (partial success)")
 
 
+def warm_up(
+    args: argparse.Namespace, factory: TraceFactory, ingest: Ingest, formats: list[str]
+) -> None:
+    """A few exports of each format, not in the results: the service's first large export
+    starts its OTLP mapping processes, and first calls fill caches (API key, stream contexts)."""
+    for encoding in formats:
+        bodies = export_bodies(factory, requests=args.warmup,
+                               traces_per_request=args.traces_per_request, encoding=encoding)  # fmt: skip
+        through_service(ingest, bodies, encoding, samples=len(bodies) * args.traces_per_request,
+                        concurrency=args.concurrency)  # fmt: skip
+    console.log(f"warmed up with {args.warmup} exports of each format")
+
+
 def start_profile(ingest: Ingest, out: Path) -> tuple[subprocess.Popen[bytes], Path] | None:
     py_spy = ROOT / ".venv-bench" / "bin" / "py-spy"
     if not py_spy.exists():
@@ -223,7 +248,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=40, help="export requests per format")
     parser.add_argument("--traces-per-request", type=int, default=56, help="9 spans each")
     parser.add_argument("--concurrency", type=int, default=4, help="exports in flight")
+    parser.add_argument(
+        "--warmup", type=int, default=8, help="export requests per format, unmeasured"
+    )
     parser.add_argument("--formats", default="json,protobuf")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="ingest worker processes (TUNELOOP_INGEST_WORKERS)")  # fmt: skip
+    parser.add_argument("--persister", choices=("inline", "process"), default="inline",
+                        help="process: samples are stored by a separate persister process")  # fmt: skip
     parser.add_argument("--profile", type=Path, nargs="?", const=ROOT / ".tuneloop" / "bench-profile",
                         help="py-spy the ingest process during the last format's run (to DIR)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
@@ -251,14 +283,21 @@ def main(argv: list[str] | None = None) -> None:
     pipelines: dict[str, Pipeline] = {}
     with workdir(args.keep) as tmp, contextlib.ExitStack() as stack:
         console.log("starting NATS, S3 and the ingest service")
-        ingest = start_ingest(stack, start_infra(stack, tmp), tmp)
+        settings = start_infra(stack, tmp)
+        env = {"TUNELOOP_INGEST_WORKERS": str(args.workers),
+               "TUNELOOP_INGEST_PERSISTER": args.persister}  # fmt: skip
+        ingest = start_ingest(stack, settings, tmp, env)
+        if args.persister == "process":
+            launch_process(stack, persister_process(settings, tmp / "logs" / "persister.log"))
+        warm_up(args, factory, ingest, formats)
         for encoding in formats:
             run = through_service(ingest, bodies[encoding], encoding,
                                   samples=baselines[encoding].samples, concurrency=args.concurrency)  # fmt: skip
             pipelines[encoding] = run
             console.log(f"service {encoding}: {run.spans_per_s:,.0f} spans/s persisted "
                         f"({run.samples_persisted} samples in {run.persisted_s:.1f}s, "
-                        f"{run.service_cpu_s:.1f} s of service CPU)")  # fmt: skip
+                        f"{run.service_cpu_s:.1f} s of service CPU, machine busy "
+                        f"{run.machine_cpu_s / run.persisted_s:.2f} of {os.cpu_count()} cores)")  # fmt: skip
         console.print(f"\nmachine: {os.cpu_count()} CPUs shared by the service, NATS, S3, SQLite "
                       "and this client (other processes may be running); samples counted in SQLite")  # fmt: skip
         report(baselines, pipelines, sizes)
