@@ -208,8 +208,10 @@ class EncodedEvent:
     payload: bytes
 
 
-def encode(event: Event) -> EncodedEvent:
-    """The event as `publish_many` sends it; ValueError for an event of no stream."""
+def encode(event: Event, *, exclude_none: bool = False) -> EncodedEvent:
+    """The event as `publish_many` sends it; ValueError for an event of no stream.
+    `exclude_none` leaves out fields that are None (only for an event whose None fields all
+    default to None, so a reader gets the same event back)."""
     if event.stream is None:
         raise ValueError(f"{type(event).__name__} is not a JetStream event")
     return EncodedEvent(
@@ -217,7 +219,7 @@ def encode(event: Event) -> EncodedEvent:
         event.stream.name,
         event.event_id,
         _headers(event),
-        pydantic_core.to_json(event),
+        pydantic_core.to_json(event, exclude_none=exclude_none),
     )
 
 
