@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import gc
 import logging
 import multiprocessing
 import os
@@ -30,6 +29,7 @@ from shared import bus, db
 from shared.events import ServiceHeartbeat
 from shared.logs import configure_logging
 from shared.presence import Presence
+from shared.processes import settle_heap
 from shared.redact import register_secret
 from shared.settings import Settings, get_settings
 from shared.telemetry import Telemetry, setup_telemetry
@@ -84,8 +84,7 @@ class ServiceRuntime:
             log.info("%s serving on %s (NATS %s)", self.name, self.address, self.settings.nats.url)
             # Start-up leaves ~160k long-lived objects; frozen, the collector stops rescanning
             # them in every full collection (a 150-200 ms pause, seen as p99 in bench-gateway).
-            gc.collect()
-            gc.freeze()
+            settle_heap()
             yield
         finally:
             for stop in reversed(started):

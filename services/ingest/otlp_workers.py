@@ -17,7 +17,6 @@ replaced and those requests get `MapperUnavailable` (503, which OTLP exporters r
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
@@ -31,6 +30,7 @@ from services.ingest.otlp import decode_export
 from services.ingest.pipeline import PreparedSample, has_inline_media
 from services.ingest.scrub import scrub_secrets
 from shared.chat import Sample
+from shared.processes import settle_heap
 from shared.service import prepare_worker
 
 WORKER_NAME = "ingest-otlp"
@@ -38,8 +38,6 @@ WORKER_NAME = "ingest-otlp"
 DEFAULT_MIN_BYTES = 64 * 1024
 # Without a pool, exports above this size are mapped in a thread, below it on the event loop.
 _THREAD_BYTES = 256 * 1024
-# Collections after this many net allocations (CPython's default: 700, 10, 10).
-_GC_THRESHOLDS = (50_000, 50, 100)
 log = logging.getLogger("tuneloop.ingest.otlp")
 
 
@@ -82,11 +80,9 @@ def map_export(
 def _start_worker() -> None:
     # Logging, the registered secrets scrubbing relies on, and death with the service.
     prepare_worker(WORKER_NAME)
-    # Mapping allocates hundreds of thousands of short-lived objects per export and makes no
-    # reference cycles: at the default thresholds, collections (full ones walking every module
-    # loaded) took up to 40% of the time. What start-up loaded is frozen out of them.
-    gc.freeze()
-    gc.set_threshold(*_GC_THRESHOLDS)
+    # Mapping allocates hundreds of thousands of short-lived objects an export: with the
+    # collector's defaults, full collections of the start-up heap took up to 40% of the time.
+    settle_heap(batch=True)
 
 
 class ExportMapper:

@@ -18,7 +18,7 @@ import uvloop
 from services.ingest import handlers
 from services.ingest.config import IngestSettings
 from shared import bus, db
-from shared.processes import lower_cpu_priority
+from shared.processes import lower_cpu_priority, settle_heap
 from shared.service import prepare_process
 from shared.settings import Settings, get_settings
 
@@ -36,6 +36,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     await bus.declare_streams(broker.connection.jetstream(), settings.nats)
     persister = handlers.sample_persister(broker=broker, engine=engine)
     await persister.start()
+    settle_heap(batch=True)  # start-up is done: its objects leave the collector's scans
     log.info("persisting samples (NATS %s)", settings.nats.url)
     try:
         await stop.wait()

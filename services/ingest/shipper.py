@@ -39,7 +39,7 @@ from services.ingest.journal import journal_dir, segment_id
 from services.ingest.pipeline import CapturePipeline
 from shared import bus, db
 from shared.events import SampleCaptured
-from shared.processes import lower_cpu_priority, pid_alive
+from shared.processes import lower_cpu_priority, pid_alive, settle_heap
 from shared.service import prepare_process
 from shared.settings import Settings, get_settings
 from shared.storage import ObjectStore
@@ -235,6 +235,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     fidelity = FidelityFlusher(pipeline.fidelity, engine)
     await pipeline.start()
     await fidelity.start()
+    settle_heap(batch=True)  # start-up is done: its objects leave the collector's scans
     try:
         await JournalShipper(journal_dir(settings), pipeline).run(stop)
     finally:
