@@ -1,7 +1,7 @@
 """Ingest benchmark (`make bench-ingest`): OTLP spans -> persisted samples per second, through a
 running ingest service, against the in-process decode+map rate measured in the same run.
 
-    .venv/bin/python -m tests.benchmarks.bench_ingest [--requests 40] [--concurrency 4]
+    .venv/bin/python -m tests.benchmarks.bench_ingest [--requests 100] [--concurrency 4]
 
 Agent traces (otlp_traces.py) are encoded as OTLP/JSON and as protobuf export requests of ~500
 spans each, POSTed concurrently to `/v1/traces` of an ingest process (real NATS, S3, SQLite), and
@@ -245,7 +245,7 @@ def finish_profile(recorder: subprocess.Popen[bytes], out: Path) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=40, help="export requests per format")
+    parser.add_argument("--requests", type=int, default=100, help="export requests per format")
     parser.add_argument("--traces-per-request", type=int, default=56, help="9 spans each")
     parser.add_argument("--concurrency", type=int, default=4, help="exports in flight")
     parser.add_argument(
