@@ -135,7 +135,7 @@ def test_a_killed_pool_process_fails_as_retryable_and_a_new_pool_takes_the_next_
 
 def test_small_exports_and_a_mapper_without_processes_stay_in_this_process() -> None:
     mapper = ExportMapper(0)
-    assert _in_pool(mapper, _export(30)).samples == 30  # past the thread threshold
+    assert _in_pool(mapper, _export(40)).samples == 40  # ~320 KB: mapped in a thread
     assert mapper._pool is None
     mapper = ExportMapper(2, min_bytes=1 << 20)
     assert _in_pool(mapper, _export(2)).samples == 2
