@@ -14,6 +14,13 @@ from shared.processes import CpuClass
 _DEFAULT_UPSTREAMS = Path(__file__).resolve().parents[2] / "deploy" / "local" / "upstreams.yaml"
 
 
+def _usable_cpus() -> int:
+    """CPUs this process may run on (its affinity, e.g. a container's cpuset), not the host's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 class IngestSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="TUNELOOP_INGEST_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
@@ -43,7 +50,7 @@ class IngestSettings(BaseSettings):
     # OTLP exports of otlp_process_min_bytes or more are decoded and mapped in a pool of this
     # many processes per worker (otlp_workers.py), so they use every core and never hold the
     # gateway's event loop; 0 maps them in the service process (a thread for large ones).
-    otlp_processes: int = Field(default_factory=lambda: min(os.cpu_count() or 1, 4), ge=0, le=64)
+    otlp_processes: int = Field(default_factory=lambda: min(_usable_cpus(), 4), ge=0, le=64)
     otlp_process_min_bytes: int = Field(default=64 * 1024, ge=0)
     # The shipper and persister processes run in this CPU class (shared.processes), so on a
     # machine they share with the gateway a call never waits for their batches: they catch up
