@@ -38,7 +38,16 @@ WORKER_NAME = "ingest-otlp"
 DEFAULT_MIN_BYTES = 64 * 1024
 # Without a pool, exports above this size are mapped in a thread, below it on the event loop.
 _THREAD_BYTES = 256 * 1024
+# What a compressed body is taken to grow by (OTLP spans gzip 5-10x): the work is the decoded
+# size's, and a 60 KiB gzip body can hold half a megabyte of spans.
+_COMPRESSION_RATIO = 8
 log = logging.getLogger("tuneloop.ingest.otlp")
+
+
+def _decoded_size(body: bytes, content_encoding: str | None) -> int:
+    """The body's size once decompressed, estimated without decompressing it."""
+    compressed = content_encoding is not None and content_encoding.strip().lower() != "identity"
+    return len(body) * _COMPRESSION_RATIO if compressed else len(body)
 
 
 class MapperUnavailable(RuntimeError):
@@ -97,9 +106,10 @@ class ExportMapper:
     async def map(
         self, body: bytes, content_type: str, content_encoding: str | None, tenant: str
     ) -> MappedExport:
-        if self.processes and len(body) >= self.min_bytes:
+        size = _decoded_size(body, content_encoding)
+        if self.processes and size >= self.min_bytes:
             return await self._in_pool(body, content_type, content_encoding, tenant)
-        if len(body) > _THREAD_BYTES:
+        if size > _THREAD_BYTES:
             return await asyncio.to_thread(map_export, body, content_type, content_encoding, tenant)
         return map_export(body, content_type, content_encoding, tenant)
 

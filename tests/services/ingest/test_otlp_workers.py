@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import os
 import signal
 from collections.abc import Iterator
@@ -140,6 +141,19 @@ def test_small_exports_and_a_mapper_without_processes_stay_in_this_process() -> 
     mapper = ExportMapper(2, min_bytes=1 << 20)
     assert _in_pool(mapper, _export(2)).samples == 2
     assert mapper._pool is None
+
+
+def test_a_compressed_export_is_sized_by_what_it_decompresses_to() -> None:
+    body = _export(8)
+    packed = gzip.compress(body)
+    # Below the threshold as sent, above it as the 8x a gzip body is taken to grow by.
+    mapper = ExportMapper(1, min_bytes=len(packed) * 4)
+    try:
+        mapped = asyncio.run(mapper.map(packed, PROTOBUF, "gzip", "acme"))
+        assert mapped.samples == 8
+        assert mapper._pool is not None  # small on the wire, large to decode: the pool's
+    finally:
+        mapper.close()
 
 
 def test_prepared_samples_that_fail_to_publish_are_spilled_whole_and_replayed(
