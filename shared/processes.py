@@ -1,4 +1,5 @@
-"""Facts about other processes of this machine."""
+"""Processes of this machine: whether another one is alive, and how this one yields the CPU and
+keeps its collector cheap."""
 
 from __future__ import annotations
 
