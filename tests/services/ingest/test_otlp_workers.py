@@ -19,8 +19,10 @@ from services.ingest.capture import SpillFile
 from services.ingest.otlp import OtlpDecodeError, OtlpTooLargeError
 from services.ingest.otlp_workers import ExportMapper, MappedExport, MapperUnavailable, map_export
 from services.ingest.pipeline import CapturePipeline
-from shared.bus import BusUnavailable, EncodedEvent
+from shared import bus
+from shared.bus import EncodedEvent
 from shared.events import SampleCaptured
+from shared.settings import NatsSettings
 from tests.benchmarks.otlp_traces import SpanData, TraceFactory, to_json, to_protobuf
 
 PROTOBUF, JSON = "application/x-protobuf", "application/json"
@@ -57,7 +59,7 @@ def mapper() -> Iterator[ExportMapper]:
     mapper.close()
 
 
-def _in_pool(mapper: ExportMapper, body: bytes, content_type: str = PROTOBUF) -> MappedExport:
+def _map(mapper: ExportMapper, body: bytes, content_type: str = PROTOBUF) -> MappedExport:
     return asyncio.run(mapper.map(body, content_type, None, "acme"))
 
 
@@ -80,7 +82,7 @@ def test_a_pool_process_maps_an_export_as_this_process_does(
     content_type = PROTOBUF if encoding == "protobuf" else JSON
     body = _export(4, image=True, encoding=encoding)
     here = map_export(body, content_type, None, "acme")
-    there = _in_pool(mapper, body, content_type)
+    there = _map(mapper, body, content_type)
     assert _events(there) == _events(here)  # the same events, ids and headers
     assert there.with_media == here.with_media
     assert (there.rejected, there.dropped) == (here.rejected, here.dropped)
@@ -101,7 +103,7 @@ def test_errors_raised_in_a_pool_process_keep_their_type_and_path(mapper: Export
     with pytest.raises(OtlpDecodeError) as here:
         map_export(b"\x0a\xff\xff", PROTOBUF, None, "acme")
     with pytest.raises(OtlpDecodeError) as there:
-        _in_pool(mapper, b"\x0a\xff\xff")
+        _map(mapper, b"\x0a\xff\xff")
     assert (type(there.value), str(there.value)) == (type(here.value), str(here.value))
 
     value: dict[str, object] = {"stringValue": "deep"}
@@ -111,7 +113,7 @@ def test_errors_raised_in_a_pool_process_keep_their_type_and_path(mapper: Export
             "endTimeUnixNano": "2", "attributes": [{"key": "deep", "value": value}]}  # fmt: skip
     deep = orjson.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
     with pytest.raises(OtlpTooLargeError) as too_deep:
-        _in_pool(mapper, deep, JSON)
+        _map(mapper, deep, JSON)
     assert too_deep.value.path.startswith("resourceSpans[0].scopeSpans[0].spans[0].attributes[0]")
     assert "nested deeper than" in too_deep.value.reason
     with pytest.raises(OtlpTooLargeError) as here:
@@ -123,23 +125,23 @@ def test_a_killed_pool_process_fails_as_retryable_and_a_new_pool_takes_the_next_
     mapper: ExportMapper,
 ) -> None:
     body = _export(2)
-    assert _in_pool(mapper, body).samples == 2
+    assert _map(mapper, body).samples == 2
     pool = mapper._pool
     assert pool is not None
     for pid in list(pool._processes):  # type: ignore[attr-defined]  # the pool's own processes
         os.kill(pid, signal.SIGKILL)
     with pytest.raises(MapperUnavailable, match="send it again"):
-        _in_pool(mapper, body)
-    assert _in_pool(mapper, body).samples == 2
+        _map(mapper, body)
+    assert _map(mapper, body).samples == 2
     assert mapper._pool is not pool
 
 
 def test_small_exports_and_a_mapper_without_processes_stay_in_this_process() -> None:
     mapper = ExportMapper(0)
-    assert _in_pool(mapper, _export(40)).samples == 40  # ~320 KB: mapped in a thread
+    assert _map(mapper, _export(40)).samples == 40  # ~320 KB: mapped in a thread
     assert mapper._pool is None
     mapper = ExportMapper(2, min_bytes=1 << 20)
-    assert _in_pool(mapper, _export(2)).samples == 2
+    assert _map(mapper, _export(2)).samples == 2
     assert mapper._pool is None
 
 
@@ -164,8 +166,13 @@ def test_prepared_samples_that_fail_to_publish_are_spilled_whole_and_replayed(
     async def publish(event: SampleCaptured) -> None:
         published.append(event)
 
+    # The real publish_many on a broker that never connected: what NATS being away looks like.
+    broker = bus.make_broker(NatsSettings(), service="test")
+
     async def nats_away(events: list[EncodedEvent]) -> list[BaseException | None]:
-        return [BusUnavailable("not connected to NATS") for _ in events]
+        outcomes = await bus.publish_many(broker, events)
+        assert all(isinstance(error, bus.BusUnavailable) for error in outcomes)
+        return outcomes
 
     pipeline = CapturePipeline(publish=publish, publish_many=nats_away, store=None,
                                spill=SpillFile(tmp_path / "spill.jsonl"), queue_size=10,
