@@ -73,6 +73,10 @@ class Event(BaseModel):
     event_version: ClassVar[int] = 1
     # None: core NATS only (ephemeral facts such as presence), never persisted.
     stream: ClassVar[Stream | None]
+    # True: `bus.publish_many` may send several events of one subject as one message (a
+    # bundle), which only `bus.consume_batches` reads; for high-volume facts, where a message
+    # per event costs more on the bus than the event itself.
+    bundled: ClassVar[bool] = False
 
     event_id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=1, max_length=128)
     occurred_at: AwareDatetime = Field(default_factory=_now)
@@ -149,6 +153,7 @@ class SampleCaptured(Event):
 
     event_name = "sample.captured"
     stream = SAMPLES
+    bundled = True
     sample: Sample
 
     @model_validator(mode="after")

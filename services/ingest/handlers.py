@@ -14,7 +14,6 @@ from typing import Any
 
 from faststream.nats import NatsBroker, NatsRouter
 from faststream.nats.annotations import NatsMessage
-from nats.aio.msg import Msg
 from sqlalchemy.engine import Engine
 
 from services.ingest.datasets import DatasetWorker
@@ -34,14 +33,14 @@ log = logging.getLogger("tuneloop.ingest.handlers")
 
 
 def sample_persister(*, broker: NatsBroker, engine: Engine) -> bus.BatchConsumer[dict[str, Any]]:
-    """sample.captured -> the sample store, a batch (up to 256) per transaction: the durable
+    """sample.captured -> the sample store, a batch (32 messages) per transaction: the durable
     consumer FastStream's one-event subscriber used (state.py starts and stops it). Rows are
     made from the event bytes (samples.row_from_event); a message that cannot be a row is
     terminated with the reason logged; a failed insert is redelivered (idempotent)."""
 
-    def decode(message: Msg) -> dict[str, Any]:
+    def decode(data: bytes, subject: str) -> dict[str, Any]:
         try:
-            return row_from_event(message.data, message.subject)
+            return row_from_event(data, subject)
         except BadSampleEvent as exc:
             raise bus.PoisonMessage(str(exc)) from None
 
@@ -55,7 +54,9 @@ def sample_persister(*, broker: NatsBroker, engine: Engine) -> bus.BatchConsumer
 
     # A batch takes milliseconds; a short ack wait brings back sooner what a killed process
     # had fetched but not stored (it applies when the durable consumer is first created).
-    options = bus.BatchOptions(batch_size=256, ack_wait_s=30.0)
+    # Messages are mostly bundles (up to bus.MAX_BUNDLE_BYTES, often dozens of samples): 32 of
+    # them keep a fetch's memory bounded and a transaction at up to a few thousand rows.
+    options = bus.BatchOptions(batch_size=32, ack_wait_s=30.0)
     return bus.consume_batches(
         broker, SampleCaptured, service=SERVICE, decode=decode, handle=persist, options=options
     )
