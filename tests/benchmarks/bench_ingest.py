@@ -74,6 +74,8 @@ class Pipeline:
     # CPU seconds the ingest process (all its threads) used meanwhile: unlike the rates, this
     # barely moves when other processes compete for the cores.
     service_cpu_s: float
+    # Of which the service's child processes (its OTLP mapping pool, extra workers) used.
+    children_cpu_s: float
     # CPU seconds the whole machine was busy (every process: NATS, S3, the persister, this
     # client): against persisted_s it says whether the run was short of CPU or waiting.
     machine_cpu_s: float
@@ -145,10 +147,12 @@ def through_service(
     persisted, at = wait_for_count(
         lambda: ingest.count_samples("otlp") - before, samples, timeout_s=120
     )
-    cpu = _cpu_s(service) - cpu_before
+    cpu, children = (a - b for a, b in zip(_cpu_s(service), cpu_before, strict=True))
     machine = _busy_s() - machine_before
     spans = samples * SPANS_PER_TRACE
-    return Pipeline(spans, samples, persisted, rejected, accepted - start, at - start, cpu, machine)
+    return Pipeline(
+        spans, samples, persisted, rejected, accepted - start, at - start, cpu, children, machine
+    )
 
 
 def _busy_s() -> float:
@@ -156,14 +160,17 @@ def _busy_s() -> float:
     return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
-def _cpu_s(process: psutil.Process) -> float:
-    """User + system CPU seconds of the service and its worker processes (TUNELOOP_INGEST_WORKERS)."""
-    total = 0.0
+def _cpu_s(process: psutil.Process) -> tuple[float, float]:
+    """User + system CPU seconds of the service with its child processes (OTLP mapping pool,
+    TUNELOOP_INGEST_WORKERS), and of the children alone."""
+    total = children = 0.0
     for member in [process, *process.children(recursive=True)]:
         with contextlib.suppress(psutil.NoSuchProcess):
             times = member.cpu_times()
             total += times.user + times.system
-    return total
+            if member.pid != process.pid:
+                children += times.user + times.system
+    return total, children
 
 
 def report(
@@ -296,7 +303,8 @@ def main(argv: list[str] | None = None) -> None:
             pipelines[encoding] = run
             console.log(f"service {encoding}: {run.spans_per_s:,.0f} spans/s persisted "
                         f"({run.samples_persisted} samples in {run.persisted_s:.1f}s, "
-                        f"{run.service_cpu_s:.1f} s of service CPU, machine busy "
+                        f"{run.service_cpu_s:.1f} s of service CPU ({run.children_cpu_s:.1f} in "
+                        f"its child processes), machine busy "
                         f"{run.machine_cpu_s / run.persisted_s:.2f} of {os.cpu_count()} cores)")  # fmt: skip
         console.print(f"\nmachine: {os.cpu_count()} CPUs shared by the service, NATS, S3, SQLite "
                       "and this client (other processes may be running); samples counted in SQLite")  # fmt: skip
