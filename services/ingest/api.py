@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import (
@@ -23,12 +24,12 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
 from services.ingest import dataset_api, forwarding, samples, traces, uploads
-from services.ingest.errors import error_response
 from services.ingest.formats import UnknownFormat, check_format
-from services.ingest.gateway import GEMINI_ACTIONS
+from services.ingest.gateway import PASSTHROUGH_PATHS, gemini_method
 from services.ingest.models import UploadedFile
 from services.ingest.otlp import OtlpDecodeError, OtlpTooLargeError, OtlpUnsupportedError
 from services.ingest.otlp_workers import MapperUnavailable
+from services.ingest.routing import Api
 from services.ingest.state import Ingest
 from shared import auth
 from shared.db import get_engine, session_scope
@@ -69,16 +70,29 @@ async def anthropic_messages(request: Request, ingest: IngestDep) -> Response:
     summary="Gemini generateContent / streamGenerateContent",
 )
 async def gemini_generate(model_action: str, request: Request, ingest: IngestDep) -> Response:
-    model, _, action = model_action.rpartition(":")
-    if not model or action not in GEMINI_ACTIONS:
-        return error_response(
-            "gemini",
-            404,
-            f"unknown method {model_action!r}: use <model>:generateContent or :streamGenerateContent",
-        )
+    """generateContent and streamGenerateContent are captured; countTokens, embedContent and
+    batchEmbedContents are relayed only."""
+    method = gemini_method(model_action)
+    if isinstance(method, Response):
+        return method
+    model, capture = method
+    path = f"/v1beta/models/{model_action}"
     return await ingest.gateway.handle(
-        request, api="gemini", path=f"/v1beta/models/{model_action}", model=model
+        request, api="gemini", path=path, model=model, capture=capture
     )
+
+
+def _relayed_only(path: str, api: Api) -> Callable[..., Awaitable[Response]]:
+    async def relay(request: Request, ingest: IngestDep) -> Response:
+        return await ingest.gateway.handle(request, api=api, path=path, capture=False)
+
+    relay.__name__ = "relay_" + path.strip("/").replace("/", "_")
+    relay.__doc__ = f"Relayed to the model's {api} upstream unchanged; not captured."
+    return relay
+
+
+for _path, _api in PASSTHROUGH_PATHS.items():
+    router.add_api_route(_path, _relayed_only(_path, _api), methods=["POST"], tags=["gateway"])
 
 
 # --- OTLP traces ------------------------------------------------------------------------------

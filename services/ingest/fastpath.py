@@ -17,10 +17,10 @@ from collections import Counter
 from collections.abc import MutableMapping
 from typing import Any
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.ingest.errors import error_response
-from services.ingest.gateway import GEMINI_ACTIONS, Gateway
+from services.ingest.gateway import PASSTHROUGH_PATHS, Gateway, gemini_method
 from services.ingest.routing import Api
 from shared.telemetry import Telemetry
 
@@ -42,7 +42,11 @@ def answers(method: str, path: str) -> bool:
     """Whether a request is one of the proxied provider calls."""
     if method != "POST":
         return False
-    return path in (OPENAI_PATH, ANTHROPIC_PATH) or _gemini_model_action(path) is not None
+    return (
+        path in (OPENAI_PATH, ANTHROPIC_PATH)
+        or path in PASSTHROUGH_PATHS
+        or _gemini_model_action(path) is not None
+    )
 
 
 def _gemini_model_action(path: str) -> str | None:
@@ -93,6 +97,15 @@ class ProxyEndpoints:
             finally:
                 self._count(path, status)
             return
+        if path in PASSTHROUGH_PATHS:
+            try:
+                await self.gateway.serve(
+                    scope, receive, noting_status, api=PASSTHROUGH_PATHS[path], path=path,
+                    capture=False,
+                )  # fmt: skip
+            finally:
+                self._count(path, status)
+            return
         model_action = _gemini_model_action(path)
         assert model_action is not None, f"{path} is not a proxied path"
         try:
@@ -101,17 +114,14 @@ class ProxyEndpoints:
             self._count(GEMINI_TEMPLATE, status)
 
     async def _gemini(self, scope: Scope, receive: Receive, send: Send, model_action: str) -> None:
-        model, _, action = model_action.rpartition(":")
-        if not model or action not in GEMINI_ACTIONS:
-            refusal = error_response(
-                "gemini",
-                404,
-                f"unknown method {model_action!r}: use <model>:generateContent or :streamGenerateContent",
-            )
-            await self.gateway.refuse(refusal, scope, receive, send)
+        method = gemini_method(model_action)
+        if isinstance(method, Response):
+            await self.gateway.refuse(method, scope, receive, send)
             return
+        model, capture = method
+        path = f"{GEMINI_PREFIX}{model_action}"
         await self.gateway.serve(
-            scope, receive, send, api="gemini", path=f"{GEMINI_PREFIX}{model_action}", model=model
+            scope, receive, send, api="gemini", path=path, model=model, capture=capture
         )
 
     def _count(self, route: str, status: int) -> None:

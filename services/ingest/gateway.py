@@ -39,6 +39,17 @@ from shared.auth import (
 log = logging.getLogger("tuneloop.ingest.gateway")
 
 GEMINI_ACTIONS = ("generateContent", "streamGenerateContent")
+# Provider calls relayed to the model's upstream like the ones above but not captured: they are
+# not conversations (embeddings, token counts), or not in a shape the normalisers read yet
+# (OpenAI Responses, legacy completions). Without them an SDK pointed at the gateway would get
+# a 404 for everything but chat.
+PASSTHROUGH_PATHS: dict[str, Api] = {
+    "/v1/embeddings": "openai",
+    "/v1/responses": "openai",
+    "/v1/completions": "openai",
+    "/v1/messages/count_tokens": "anthropic",
+}
+GEMINI_PASSTHROUGH_ACTIONS = ("countTokens", "embedContent", "batchEmbedContents")
 _MISSING_KEY = f"missing tuneloop API key: send it as {ACCEPTED_KEY_SOURCES}"
 
 
@@ -80,11 +91,17 @@ class Gateway:
         return await self._authenticator.verify(key)
 
     async def handle(
-        self, request: Request, *, api: Api, path: str, model: str | None = None
+        self,
+        request: Request,
+        *,
+        api: Api,
+        path: str,
+        model: str | None = None,
+        capture: bool = True,
     ) -> Response:
         """The proxied call as a Response for a FastAPI route; `serve` does the work (when
         ProxyRoutes is in front, as in app.py, these routes only document the API)."""
-        return _Served(self, api=api, path=path, model=model)
+        return _Served(self, api=api, path=path, model=model, capture=capture)
 
     async def serve(
         self,
@@ -95,8 +112,10 @@ class Gateway:
         api: Api,
         path: str,
         model: str | None = None,
+        capture: bool = True,
     ) -> None:
-        """Proxy one call. `model` is given for Gemini (it is in the path); else read from the body."""
+        """Proxy one call. `model` is given for Gemini (it is in the path); else read from the
+        body. `capture`: whether the answered call becomes a sample."""
         outcome = await self._prepare(scope, receive, api=api, model=model)
         if isinstance(outcome, Response):
             await self.refuse(outcome, scope, receive, send)
@@ -117,7 +136,7 @@ class Gateway:
                 receive=receive,
                 send=send,
                 response_headers=self._served_by,
-                capture=self._submit,
+                capture=self._submit if capture else None,
                 model_from_path=model if api == "gemini" else None,
             )
         except UpstreamUnreachable as exc:
@@ -193,14 +212,37 @@ class Gateway:
 class _Served(Response):
     """A FastAPI route's answer that hands the connection to `Gateway.serve`."""
 
-    def __init__(self, gateway: Gateway, *, api: Api, path: str, model: str | None) -> None:
+    def __init__(
+        self, gateway: Gateway, *, api: Api, path: str, model: str | None, capture: bool
+    ) -> None:
         super().__init__()
         self._gateway, self._api, self._path, self._model = gateway, api, path, model
+        self._capture = capture
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._gateway.serve(
-            scope, receive, send, api=self._api, path=self._path, model=self._model
+            scope,
+            receive,
+            send,
+            api=self._api,
+            path=self._path,
+            model=self._model,
+            capture=self._capture,
         )
+
+
+def gemini_method(model_action: str) -> tuple[str, bool] | Response:
+    """`<model>:<action>` of a Gemini path -> (model, whether the call is captured), or the
+    404 Gemini gives for a method it does not have."""
+    model, _, action = model_action.rpartition(":")
+    if model and action in GEMINI_ACTIONS:
+        return model, True
+    if model and action in GEMINI_PASSTHROUGH_ACTIONS:
+        return model, False
+    methods = ", ".join(f":{name}" for name in (*GEMINI_ACTIONS, *GEMINI_PASSTHROUGH_ACTIONS))
+    return error_response(
+        "gemini", 404, f"unknown method {model_action!r}: use <model> followed by one of {methods}"
+    )
 
 
 def _presented_key(headers: list[tuple[bytes, bytes]], query: str) -> str | None:

@@ -120,13 +120,15 @@ class _Tap:
 
     started_at: datetime
     start: float
+    keep: bool = True  # False: nothing is captured, so a stream's chunks are not held
     chunks: list[bytes] = field(default_factory=list)
     first_byte: float | None = None
 
     def add(self, chunk: bytes) -> None:
         if self.first_byte is None:
             self.first_byte = time.perf_counter()
-        self.chunks.append(chunk)
+        if self.keep:
+            self.chunks.append(chunk)
 
 
 async def forward(
@@ -140,14 +142,15 @@ async def forward(
     receive: Receive,
     send: Send,
     response_headers: Headers,
-    capture: Callable[[CapturedCall], None],
+    capture: Callable[[CapturedCall], None] | None,
     model_from_path: str | None = None,
 ) -> None:
     """Relay the call; raises UpstreamUnreachable before anything was sent to the client.
 
     `response_headers` are added to the upstream's (the gateway's own `x-tuneloop-served-by`).
+    `capture` None: the call is relayed only (embeddings, token counts), its answer not kept.
     """
-    tap = _Tap(datetime.now(UTC), time.perf_counter())
+    tap = _Tap(datetime.now(UTC), time.perf_counter(), keep=capture is not None)
     try:
         upstream = await client.request(
             incoming.method,
@@ -170,7 +173,7 @@ async def forward(
     finally:
         upstream.release()
     # Only whole answers are captured; a cut-off one would be a truncated training example.
-    if complete:
+    if complete and capture is not None:
         capture(
             CapturedCall(
                 api=api,

@@ -31,6 +31,105 @@ UPSTREAM_KEYS = {
 }
 
 
+# Answers to the calls the gateway relays without capturing, as the providers' API references
+# document them (no recordings of these are among the fixtures).
+RELAYED_ANSWERS: dict[str, dict[str, Any]] = {
+    "/v1/embeddings": {
+        "object": "list",
+        "data": [{"object": "embedding", "index": 0, "embedding": [0.0023064255, -0.009327292]}],
+        "model": "text-embedding-3-small",
+        "usage": {"prompt_tokens": 8, "total_tokens": 8},
+    },
+    "/v1/responses": {
+        "id": "resp_67ccd2bed1ec8190b14f964abc0542670bb6a6b452d3795b",
+        "object": "response",
+        "created_at": 1741476542,
+        "status": "completed",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "max_output_tokens": None,
+        "model": "gpt-4.1-2025-04-14",
+        "output": [
+            {
+                "type": "message",
+                "id": "msg_67ccd2bf17f0819081ff3bb2cf6508e60bb6a6b452d3795b",
+                "status": "completed",
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "output_text",
+                        "text": "In a peaceful grove beneath a silver moon...",
+                        "annotations": [],
+                    }
+                ],
+            }
+        ],
+        "parallel_tool_calls": True,
+        "previous_response_id": None,
+        "reasoning": {"effort": None, "summary": None},
+        "store": True,
+        "temperature": 1.0,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": 1.0,
+        "truncation": "disabled",
+        "usage": {
+            "input_tokens": 36,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": 87,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 123,
+        },
+        "user": None,
+        "metadata": {},
+    },
+    "/v1/completions": {
+        "id": "cmpl-uqkvlQyYK7bGYrRHQ0eXlWi7",
+        "object": "text_completion",
+        "created": 1589478378,
+        "model": "gpt-3.5-turbo-instruct",
+        "system_fingerprint": "fp_44709d6fcb",
+        "choices": [
+            {
+                "text": "\n\nThis is indeed a test",
+                "index": 0,
+                "logprobs": None,
+                "finish_reason": "length",
+            }
+        ],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12},
+    },
+    "/v1/messages/count_tokens": {"input_tokens": 2095},
+}
+GEMINI_RELAYED_ANSWERS: dict[str, dict[str, Any]] = {
+    "countTokens": {
+        "totalTokens": 31,
+        "promptTokensDetails": [{"modality": "TEXT", "tokenCount": 31}],
+    },
+    "embedContent": {"embedding": {"values": [0.013168523, -0.008711934, -0.046782676]}},
+    "batchEmbedContents": {"embeddings": [{"values": [0.013168523, -0.008711934]}]},
+}
+# A Responses stream as OpenAI sends it: typed events, each with its sequence number.
+RESPONSES_STREAM: list[dict[str, Any]] = [
+    {"type": "response.created", "sequence_number": 0,
+     "response": RELAYED_ANSWERS["/v1/responses"] | {"status": "in_progress", "output": []}},
+    {"type": "response.output_text.delta", "sequence_number": 1, "item_id": "msg_1",
+     "output_index": 0, "content_index": 0, "delta": "In a peaceful grove"},
+    {"type": "response.output_text.delta", "sequence_number": 2, "item_id": "msg_1",
+     "output_index": 0, "content_index": 0, "delta": " beneath a silver moon..."},
+    {"type": "response.completed", "sequence_number": 3,
+     "response": RELAYED_ANSWERS["/v1/responses"]},
+]  # fmt: skip
+
+
+def _sse(events: list[dict[str, Any]]) -> bytes:
+    return b"".join(
+        f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode() for event in events
+    )
+
+
 def fixtures_dir() -> Path:
     return Path(__file__).resolve().parents[3] / "shared" / "fixtures"
 
@@ -148,7 +247,10 @@ class FakeUpstream:
         )
         if (refused := await self._check_key(request, "gemini")) is not None:
             return refused
-        streamed = request.path_params["model_action"].endswith(":streamGenerateContent")
+        action = request.path_params["model_action"].rpartition(":")[2]
+        if action in GEMINI_RELAYED_ANSWERS:
+            return JSONResponse(GEMINI_RELAYED_ANSWERS[action])
+        streamed = action == "streamGenerateContent"
         return self._reply(
             request=request,
             exchange=recorded(
@@ -157,6 +259,21 @@ class FakeUpstream:
                 else "ge05_genai_function_call_round_trip"
             ),
         )
+
+    async def relayed_only(self, request: Request) -> Response:
+        """Calls the gateway relays without capturing (embeddings, Responses, token counts):
+        answered in each provider's documented shape."""
+        body = await _json(request)
+        if body is None:
+            return JSONResponse({"error": {"message": "fake upstream: not a JSON object"}}, 400)
+        path = request.url.path
+        api = "anthropic" if path.startswith("/v1/messages") else "openai"
+        self.received.append(Received(path, dict(request.headers), body))
+        if (refused := await self._check_key(request, api)) is not None:
+            return refused
+        if path == "/v1/responses" and body.get("stream"):
+            return Response(_sse(RESPONSES_STREAM), media_type="text/event-stream")
+        return JSONResponse(RELAYED_ANSWERS[path])
 
     async def deployed(self, request: Request) -> Response:
         """A model we deployed ourselves: OpenAI-compatible, no provider key."""
@@ -170,6 +287,7 @@ class FakeUpstream:
                 Route("/deployed/v1/chat/completions", self.deployed, methods=["POST"]),
                 Route("/v1/chat/completions", self.openai, methods=["POST"]),
                 Route("/v1/messages", self.anthropic, methods=["POST"]),
+                *(Route(path, self.relayed_only, methods=["POST"]) for path in RELAYED_ANSWERS),
                 Route("/v1beta/models/{model_action}", self.gemini, methods=["POST"]),
             ]
         )
@@ -205,7 +323,7 @@ class RunningUpstream:
 
 def upstreams_yaml(base_url: str) -> str:
     return f"""upstreams:
-  - {{name: openai, api: openai, base_url: "{base_url}", api_key_env: FAKE_OPENAI_KEY, models: ["gpt-*"]}}
+  - {{name: openai, api: openai, base_url: "{base_url}", api_key_env: FAKE_OPENAI_KEY, models: ["gpt-*", "text-embedding-*"]}}
   - {{name: anthropic, api: anthropic, base_url: "{base_url}", api_key_env: FAKE_ANTHROPIC_KEY, models: ["claude-*"]}}
   - {{name: gemini, api: gemini, base_url: "{base_url}", api_key_env: FAKE_GEMINI_KEY, models: ["gemini-*"]}}
 """

@@ -157,6 +157,56 @@ def test_refusals_come_in_each_providers_shape(edge: Edge) -> None:
     assert gemini.json()["error"]["status"] == "NOT_FOUND"
 
 
+def test_embeddings_responses_and_token_counts_are_relayed_but_not_captured(edge: Edge) -> None:
+    tags = {"x-tuneloop-tags": "relayed-only"}
+    oa = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=edge.key, max_retries=0)
+    embedding = oa.embeddings.create(
+        model="text-embedding-3-small", input="The food was delicious", extra_headers=tags
+    )
+    assert embedding.data[0].embedding == [0.0023064255, -0.009327292]
+    answer = oa.responses.create(model="gpt-4.1", input="Tell me a story", extra_headers=tags)
+    assert answer.output_text == "In a peaceful grove beneath a silver moon..."
+    events = list(
+        oa.responses.create(model="gpt-4.1", input="Again", stream=True, extra_headers=tags)
+    )
+    assert [event.type for event in events][-1] == "response.completed"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == (
+        answer.output_text
+    )
+    an = anthropic.Anthropic(base_url=edge.url, api_key=edge.key, max_retries=0)
+    counted = an.messages.count_tokens(
+        model="claude-sonnet-4-5", messages=[{"role": "user", "content": "Hi"}], extra_headers=tags
+    )
+    assert counted.input_tokens == 2095
+    gemini = httpx.post(
+        f"{edge.url}/v1beta/models/gemini-2.5-flash:countTokens?key={edge.key}",
+        json={"contents": [{"role": "user", "parts": [{"text": "Hi"}]}]},
+        headers=tags,
+    )
+    assert gemini.status_code == 200
+    assert gemini.json()["totalTokens"] == 31
+
+    relayed = edge.upstream.received[-5:]
+    assert [seen.path for seen in relayed] == [
+        "/v1/embeddings", "/v1/responses", "/v1/responses", "/v1/messages/count_tokens",
+        "/v1beta/models/gemini-2.5-flash:countTokens",  # our ?key= never travels upstream
+    ]  # fmt: skip
+    assert relayed[-1].headers["x-goog-api-key"] == "AIzaUpstreamGemini0123456789"
+    assert relayed[-2].headers["x-api-key"] == "sk-ant-upstream-0123456789"
+    assert relayed[-3].headers["authorization"] == "Bearer sk-upstream-openai-0123456789"
+    assert all(edge.key not in json.dumps(seen.headers) for seen in relayed)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        oa.embeddings.create(model="nobody-knows", input="x")
+
+    # None of them became a sample: a chat call made after them is the only one with the tag.
+    chat = recorded("oa01_tool_calls_multiturn")["request"]["body"]
+    oa.chat.completions.create(**chat, extra_headers=tags)
+    [sample] = edge.wait_for_samples(1, tag="relayed-only")
+    assert sample["response"]["model_requested"] == chat["model"]
+    asyncio.run(asyncio.sleep(1.0))  # room for a late sample to show up
+    assert len(edge.samples(tag="relayed-only")) == 1
+
+
 def test_proxied_calls_say_who_served_them_and_are_counted_by_route(edge: Edge) -> None:
     # The proxy routes are answered ahead of FastAPI (services/ingest/fastpath.py): they must
     # still carry the served-by header and show up in the request counter by route template.
