@@ -10,6 +10,7 @@ from pathlib import Path
 
 import anthropic
 import httpx
+import nats
 import openai
 import psutil
 import pytest
@@ -18,7 +19,7 @@ from services.ingest.config import IngestSettings
 from services.ingest.otlp_workers import map_export
 from shared import bus, localstack
 from shared.chat import Sample
-from shared.events import DeploymentReady, DeploymentStopped, Event, SampleCaptured
+from shared.events import SAMPLES, DeploymentReady, DeploymentStopped, Event, SampleCaptured
 from shared.settings import Settings
 from tests.benchmarks.otlp_traces import TraceFactory, export_bodies
 from tests.fakes.upstream import recorded
@@ -387,6 +388,17 @@ def test_large_exports_are_mapped_in_pool_processes_and_every_sample_stored(edge
     assert {sample["id"] for sample in stored} == set(expected)
     for sample in stored:
         assert Sample.model_validate(sample).messages == expected[sample["id"]].messages
+    # Each export's 20 samples went out as one bundle: two messages on the tenant's subject.
+    assert asyncio.run(_messages_on(edge, SampleCaptured.subject_for("bulk-otlp"))) == 2
+
+
+async def _messages_on(edge: Edge, subject: str) -> int:
+    connection = await nats.connect(edge.settings.nats.url)
+    try:
+        info = await connection.jetstream().stream_info(SAMPLES.name, subjects_filter=subject)
+        return (info.state.subjects or {}).get(subject, 0)
+    finally:
+        await connection.close()
 
 
 def test_otlp_fixtures_and_bad_bodies_get_otlp_answers(edge: Edge) -> None:
