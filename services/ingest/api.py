@@ -59,6 +59,11 @@ async def openai_chat_completions(request: Request, ingest: IngestDep) -> Respon
     return await ingest.gateway.handle(request, api="openai", path="/v1/chat/completions")
 
 
+@router.post("/v1/responses", tags=["gateway"], summary="OpenAI Responses, proxied and captured")
+async def openai_responses(request: Request, ingest: IngestDep) -> Response:
+    return await ingest.gateway.handle(request, api="openai", path="/v1/responses")
+
+
 @router.post("/v1/messages", tags=["gateway"], summary="Anthropic Messages, proxied and captured")
 async def anthropic_messages(request: Request, ingest: IngestDep) -> Response:
     return await ingest.gateway.handle(request, api="anthropic", path="/v1/messages")

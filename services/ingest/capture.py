@@ -55,6 +55,8 @@ class CapturedCall:
     ttft_ms: float | None = None
     model_from_path: str | None = None
     tags: list[str] = field(default_factory=list)
+    # The API path called (normalize.Exchange.api_path); "" in journal lines written before it.
+    path: str = ""
 
     def to_record(self) -> dict[str, Any]:
         # Field by field, not dataclasses.asdict: that deep-copies every value, and this runs
@@ -73,6 +75,7 @@ class CapturedCall:
             "ttft_ms": self.ttft_ms,
             "model_from_path": self.model_from_path,
             "tags": self.tags,
+            "path": self.path,
         }
 
     @classmethod
@@ -135,6 +138,7 @@ def _exchange(
         response=response,
         stream=stream,
         model_from_path=call.model_from_path,
+        api_path=call.path or None,
         tenant=call.tenant,
         source="gateway",
         source_ref=call.request_id,

@@ -20,12 +20,10 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.ingest.gateway import PASSTHROUGH_PATHS, Gateway, gemini_method
+from services.ingest.gateway import CAPTURED_PATHS, PASSTHROUGH_PATHS, Gateway, gemini_method
 from services.ingest.routing import Api
 from shared.telemetry import Telemetry
 
-OPENAI_PATH = "/v1/chat/completions"
-ANTHROPIC_PATH = "/v1/messages"
 GEMINI_PREFIX = "/v1beta/models/"
 GEMINI_TEMPLATE = "/v1beta/models/{model_action}"
 _FLUSH_S = 1.0
@@ -43,7 +41,7 @@ def answers(method: str, path: str) -> bool:
     if method != "POST":
         return False
     return (
-        path in (OPENAI_PATH, ANTHROPIC_PATH)
+        path in CAPTURED_PATHS
         or path in PASSTHROUGH_PATHS
         or _gemini_model_action(path) is not None
     )
@@ -90,19 +88,13 @@ class ProxyEndpoints:
                 status = message["status"]
             await send(message)
 
-        if path in (OPENAI_PATH, ANTHROPIC_PATH):
-            api: Api = "openai" if path == OPENAI_PATH else "anthropic"
-            try:
-                await self.gateway.serve(scope, receive, noting_status, api=api, path=path)
-            finally:
-                self._count(path, status)
-            return
-        if path in PASSTHROUGH_PATHS:
+        api: Api | None = CAPTURED_PATHS.get(path) or PASSTHROUGH_PATHS.get(path)
+        if api is not None:
+            capture = path in CAPTURED_PATHS
             try:
                 await self.gateway.serve(
-                    scope, receive, noting_status, api=PASSTHROUGH_PATHS[path], path=path,
-                    capture=False,
-                )  # fmt: skip
+                    scope, receive, noting_status, api=api, path=path, capture=capture
+                )
             finally:
                 self._count(path, status)
             return

@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 from services.ingest.capture import CapturedCall
 from services.ingest.config import IngestSettings
 from services.ingest.errors import error_response, model_not_found
+from services.ingest.normalize import RESPONSES_PATH
 from services.ingest.proxy import Incoming, UpstreamUnreachable, forward, parse_tags
 from services.ingest.routing import Api, RoutingTable
 from services.ingest.upstream_pool import UpstreamPool
@@ -38,14 +39,18 @@ from shared.auth import (
 
 log = logging.getLogger("tuneloop.ingest.gateway")
 
+# Provider calls that are proxied and captured (Gemini's name the model in the path, below).
+CAPTURED_PATHS: dict[str, Api] = {
+    "/v1/chat/completions": "openai",
+    RESPONSES_PATH: "openai",
+    "/v1/messages": "anthropic",
+}
 GEMINI_ACTIONS = ("generateContent", "streamGenerateContent")
 # Provider calls relayed to the model's upstream like the ones above but not captured: they are
-# not conversations (embeddings, token counts), or not in a shape the normalisers read yet
-# (OpenAI Responses, legacy completions). Without them an SDK pointed at the gateway would get
-# a 404 for everything but chat.
+# not conversations (embeddings, token counts), or not in a shape the normalisers read (legacy
+# completions). Without them an SDK pointed at the gateway would get a 404 for them.
 PASSTHROUGH_PATHS: dict[str, Api] = {
     "/v1/embeddings": "openai",
-    "/v1/responses": "openai",
     "/v1/completions": "openai",
     "/v1/messages/count_tokens": "anthropic",
 }

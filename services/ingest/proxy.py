@@ -189,6 +189,7 @@ async def forward(
                 ttft_ms=(tap.first_byte - tap.start) * 1000 if tap.first_byte else None,
                 model_from_path=model_from_path,
                 tags=incoming.tags,
+                path=path,
             )
         )
 

@@ -13,6 +13,9 @@ _BY_NAME: dict[str, FinishReason] = {
     "tool_calls": "tool_calls",
     "function_call": "tool_calls",
     "content_filter": "content_filter",
+    # OpenAI Responses: the response's status, or why it is incomplete
+    "completed": "stop",
+    "max_output_tokens": "length",
     # Anthropic
     "end_turn": "stop",
     "stop_sequence": "stop",

@@ -31,9 +31,9 @@ UPSTREAM_KEYS = {
 }
 
 
-# Answers to the calls the gateway relays without capturing, as the providers' API references
-# document them (no recordings of these are among the fixtures).
-RELAYED_ANSWERS: dict[str, dict[str, Any]] = {
+# Answers to calls no recording among the fixtures covers (the Responses API, and what the
+# gateway relays without capturing), as the providers' API references document them.
+DOCUMENTED_ANSWERS: dict[str, dict[str, Any]] = {
     "/v1/embeddings": {
         "object": "list",
         "data": [{"object": "embedding", "index": 0, "embedding": [0.0023064255, -0.009327292]}],
@@ -103,7 +103,7 @@ RELAYED_ANSWERS: dict[str, dict[str, Any]] = {
     },
     "/v1/messages/count_tokens": {"input_tokens": 2095},
 }
-GEMINI_RELAYED_ANSWERS: dict[str, dict[str, Any]] = {
+GEMINI_DOCUMENTED_ANSWERS: dict[str, dict[str, Any]] = {
     "countTokens": {
         "totalTokens": 31,
         "promptTokensDetails": [{"modality": "TEXT", "tokenCount": 31}],
@@ -114,13 +114,13 @@ GEMINI_RELAYED_ANSWERS: dict[str, dict[str, Any]] = {
 # A Responses stream as OpenAI sends it: typed events, each with its sequence number.
 RESPONSES_STREAM: list[dict[str, Any]] = [
     {"type": "response.created", "sequence_number": 0,
-     "response": RELAYED_ANSWERS["/v1/responses"] | {"status": "in_progress", "output": []}},
+     "response": DOCUMENTED_ANSWERS["/v1/responses"] | {"status": "in_progress", "output": []}},
     {"type": "response.output_text.delta", "sequence_number": 1, "item_id": "msg_1",
      "output_index": 0, "content_index": 0, "delta": "In a peaceful grove"},
     {"type": "response.output_text.delta", "sequence_number": 2, "item_id": "msg_1",
      "output_index": 0, "content_index": 0, "delta": " beneath a silver moon..."},
     {"type": "response.completed", "sequence_number": 3,
-     "response": RELAYED_ANSWERS["/v1/responses"]},
+     "response": DOCUMENTED_ANSWERS["/v1/responses"]},
 ]  # fmt: skip
 
 
@@ -248,8 +248,8 @@ class FakeUpstream:
         if (refused := await self._check_key(request, "gemini")) is not None:
             return refused
         action = request.path_params["model_action"].rpartition(":")[2]
-        if action in GEMINI_RELAYED_ANSWERS:
-            return JSONResponse(GEMINI_RELAYED_ANSWERS[action])
+        if action in GEMINI_DOCUMENTED_ANSWERS:
+            return JSONResponse(GEMINI_DOCUMENTED_ANSWERS[action])
         streamed = action == "streamGenerateContent"
         return self._reply(
             request=request,
@@ -260,9 +260,9 @@ class FakeUpstream:
             ),
         )
 
-    async def relayed_only(self, request: Request) -> Response:
-        """Calls the gateway relays without capturing (embeddings, Responses, token counts):
-        answered in each provider's documented shape."""
+    async def documented(self, request: Request) -> Response:
+        """Calls no recording covers (Responses, embeddings, token counts): answered in each
+        provider's documented shape."""
         body = await _json(request)
         if body is None:
             return JSONResponse({"error": {"message": "fake upstream: not a JSON object"}}, 400)
@@ -273,7 +273,7 @@ class FakeUpstream:
             return refused
         if path == "/v1/responses" and body.get("stream"):
             return Response(_sse(RESPONSES_STREAM), media_type="text/event-stream")
-        return JSONResponse(RELAYED_ANSWERS[path])
+        return JSONResponse(DOCUMENTED_ANSWERS[path])
 
     async def deployed(self, request: Request) -> Response:
         """A model we deployed ourselves: OpenAI-compatible, no provider key."""
@@ -287,7 +287,7 @@ class FakeUpstream:
                 Route("/deployed/v1/chat/completions", self.deployed, methods=["POST"]),
                 Route("/v1/chat/completions", self.openai, methods=["POST"]),
                 Route("/v1/messages", self.anthropic, methods=["POST"]),
-                *(Route(path, self.relayed_only, methods=["POST"]) for path in RELAYED_ANSWERS),
+                *(Route(path, self.documented, methods=["POST"]) for path in DOCUMENTED_ANSWERS),
                 Route("/v1beta/models/{model_action}", self.gemini, methods=["POST"]),
             ]
         )

@@ -15,6 +15,8 @@ from typing import Any
 
 from shared.chat import MetadataValue, Provider, Sample, Source
 
+RESPONSES_PATH = "/v1/responses"
+
 
 class NormalizeError(ValueError):
     """The input cannot become a sample; `path` names the field (e.g. `messages[2].content[0].type`)."""
@@ -45,6 +47,9 @@ class Exchange:
     stream: str | None = None
     # Gemini names the model in the URL path (`models/{model}:generateContent`), not the body.
     model_from_path: str | None = None
+    # The API path, where a provider has more than one format: OpenAI's `/v1/responses`
+    # (None: the provider's chat format).
+    api_path: str | None = None
     tenant: str = "default"
     source: Source = "gateway"
     source_ref: str | None = None
@@ -67,8 +72,10 @@ Normalizer = Callable[[Exchange], Normalized]
 def normalize(exchange: Exchange) -> Normalized:
     """Dispatch on the exchange's provider."""
     # Imported here so each provider module stays importable on its own.
-    from services.ingest.normalize import anthropic, gemini, openai
+    from services.ingest.normalize import anthropic, gemini, openai, openai_responses
 
+    if exchange.provider == "openai" and exchange.api_path == RESPONSES_PATH:
+        return openai_responses.normalize(exchange)
     normalizers: dict[str, Normalizer] = {
         "openai": openai.normalize,
         "anthropic": anthropic.normalize,

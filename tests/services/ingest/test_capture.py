@@ -99,6 +99,27 @@ def test_a_record_carries_every_field_of_the_call() -> None:
     assert CapturedCall.from_record(orjson.loads(orjson.dumps(call.to_record()))) == call
 
 
+def test_a_responses_call_is_read_as_one_and_older_records_as_chat() -> None:
+    request = {"model": "gpt-4.1", "input": "Hi"}
+    answer = {
+        "id": "resp_1", "object": "response", "status": "completed", "model": "gpt-4.1",
+        "output": [{"type": "message", "role": "assistant",
+                    "content": [{"type": "output_text", "text": "Hello!"}]}],
+    }  # fmt: skip
+    call = _call("openai", request, json.dumps(answer).encode(), "application/json")
+    call.path = "/v1/responses"
+    [sample] = normalize(to_exchange(call)).samples
+    assert [(m.role, m.text()) for m in sample.messages] == [
+        ("user", "Hi"),
+        ("assistant", "Hello!"),
+    ]
+    # A journal line written before calls had a path: read as the provider's chat format.
+    chat = _call("openai", {"model": "gpt-4o-mini", "messages": []}, b"{}", "application/json")
+    record = {k: v for k, v in chat.to_record().items() if k != "path"}
+    assert CapturedCall.from_record(record).path == ""
+    assert to_exchange(CapturedCall.from_record(record)).api_path is None
+
+
 def test_a_claim_of_a_live_sibling_process_is_left_to_it_and_a_dead_ones_is_taken(
     tmp_path: Path,
 ) -> None:

@@ -158,22 +158,57 @@ def test_refusals_come_in_each_providers_shape(edge: Edge) -> None:
     assert gemini.json()["error"]["status"] == "NOT_FOUND"
 
 
-def test_embeddings_responses_and_token_counts_are_relayed_but_not_captured(edge: Edge) -> None:
+def test_openai_responses_api_through_the_gateway_is_captured_plain_and_streamed(
+    edge: Edge,
+) -> None:
+    oa = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=edge.key, max_retries=0)
+    answer = oa.responses.create(
+        model="gpt-4.1",
+        instructions="Tell bedtime stories.",
+        input="Tell me a story",
+        extra_headers={"x-tuneloop-tags": "responses-plain"},
+    )
+    assert answer.output_text == "In a peaceful grove beneath a silver moon..."
+    events = list(
+        oa.responses.create(
+            model="gpt-4.1",
+            input="Again",
+            stream=True,
+            extra_headers={"x-tuneloop-tags": "responses-stream"},
+        )
+    )
+    assert [event.type for event in events][-1] == "response.completed"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == (
+        answer.output_text
+    )
+    seen = edge.upstream.received[-1]
+    assert seen.path == "/v1/responses"
+    assert seen.headers["authorization"] == "Bearer sk-upstream-openai-0123456789"
+
+    [plain] = edge.wait_for_samples(1, tag="responses-plain")
+    assert [(m["role"], m["content"][0]["text"]) for m in plain["messages"]] == [
+        ("system", "Tell bedtime stories."),
+        ("user", "Tell me a story"),
+        ("assistant", answer.output_text),
+    ]
+    assert plain["response"]["finish_reason"] == "stop"
+    assert plain["response"]["usage"]["output_tokens"] == 87
+    [streamed] = edge.wait_for_samples(1, tag="responses-stream")
+    assert streamed["messages"][-1]["content"][0]["text"] == answer.output_text
+    assert streamed["response"]["time_to_first_token_ms"] is not None
+
+
+def test_embeddings_and_token_counts_are_relayed_but_not_captured(edge: Edge) -> None:
     tags = {"x-tuneloop-tags": "relayed-only"}
     oa = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=edge.key, max_retries=0)
     embedding = oa.embeddings.create(
         model="text-embedding-3-small", input="The food was delicious", extra_headers=tags
     )
     assert embedding.data[0].embedding == [0.0023064255, -0.009327292]
-    answer = oa.responses.create(model="gpt-4.1", input="Tell me a story", extra_headers=tags)
-    assert answer.output_text == "In a peaceful grove beneath a silver moon..."
-    events = list(
-        oa.responses.create(model="gpt-4.1", input="Again", stream=True, extra_headers=tags)
+    legacy = oa.completions.create(
+        model="gpt-3.5-turbo-instruct", prompt="Say this is a test", extra_headers=tags
     )
-    assert [event.type for event in events][-1] == "response.completed"
-    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == (
-        answer.output_text
-    )
+    assert legacy.choices[0].text == "\n\nThis is indeed a test"
     an = anthropic.Anthropic(base_url=edge.url, api_key=edge.key, max_retries=0)
     counted = an.messages.count_tokens(
         model="claude-sonnet-4-5", messages=[{"role": "user", "content": "Hi"}], extra_headers=tags
@@ -187,14 +222,14 @@ def test_embeddings_responses_and_token_counts_are_relayed_but_not_captured(edge
     assert gemini.status_code == 200
     assert gemini.json()["totalTokens"] == 31
 
-    relayed = edge.upstream.received[-5:]
+    relayed = edge.upstream.received[-4:]
     assert [seen.path for seen in relayed] == [
-        "/v1/embeddings", "/v1/responses", "/v1/responses", "/v1/messages/count_tokens",
+        "/v1/embeddings", "/v1/completions", "/v1/messages/count_tokens",
         "/v1beta/models/gemini-2.5-flash:countTokens",  # our ?key= never travels upstream
     ]  # fmt: skip
     assert relayed[-1].headers["x-goog-api-key"] == "AIzaUpstreamGemini0123456789"
     assert relayed[-2].headers["x-api-key"] == "sk-ant-upstream-0123456789"
-    assert relayed[-3].headers["authorization"] == "Bearer sk-upstream-openai-0123456789"
+    assert relayed[0].headers["authorization"] == "Bearer sk-upstream-openai-0123456789"
     assert all(edge.key not in json.dumps(seen.headers) for seen in relayed)
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         oa.embeddings.create(model="nobody-knows", input="x")
