@@ -3,6 +3,8 @@
 A log line holds one call as some tool recorded it. Accepted record shapes:
 
 * `{"request": <body>, "response": <body>}`: the plain shape (our own export, most proxies).
+  OpenAI bodies may be Chat Completions or Responses (a request with `input`, a `response`
+  object, or a URI ending in /v1/responses).
 * `{"req": <body>, "resp": <body>}`: OpenPipe's request logs.
 * HTTP records, either side: `{"method"?, "uri"|"url"?, "body": <body>}` for the request and
   `{"status"?, "body": <body>}` for the response (vcrpy cassettes, Helicone-like exports). The
@@ -27,7 +29,13 @@ from typing import Any, Literal
 import orjson
 
 from services.ingest.formats._common import JsonObject, at, join, kind, obj, opt_text
-from services.ingest.normalize import Exchange, Normalized, NormalizeError, normalize
+from services.ingest.normalize import (
+    RESPONSES_PATH,
+    Exchange,
+    Normalized,
+    NormalizeError,
+    normalize,
+)
 from shared.chat import MetadataValue
 
 LogProvider = Literal["openai", "anthropic", "gemini"]
@@ -128,7 +136,7 @@ def _read_litellm(record: JsonObject) -> LogRecord:
 
 
 def _is_request_body(request: JsonObject) -> bool:
-    return any(key in request for key in ("messages", "contents"))
+    return any(key in request for key in ("messages", "contents", "input"))
 
 
 def _uri(request: JsonObject, path: str) -> str | None:
@@ -188,9 +196,12 @@ def detect_provider(log: LogRecord) -> tuple[LogProvider, str]:
     if "messages" in log.request:
         # No response shape to go by (an OpenAI-style `{"error": ...}` or none at all).
         return "openai", "the request has messages and nothing says Anthropic or Gemini"
+    if "input" in log.request:
+        return "openai", "the request has input (OpenAI Responses)"
     raise NormalizeError(
         log.request_path,
-        "cannot tell the provider: expected messages (OpenAI, Anthropic) or contents (Gemini)",
+        "cannot tell the provider: expected messages (OpenAI, Anthropic), input (OpenAI "
+        "Responses) or contents (Gemini)",
     )
 
 
@@ -198,6 +209,7 @@ _Signal = tuple[LogProvider | None, str]
 # Path pieces of each provider's endpoint (generateContent also matches the streaming one).
 _ENDPOINTS: tuple[tuple[str, LogProvider], ...] = (
     ("chat/completions", "openai"),
+    (RESPONSES_PATH, "openai"),
     ("/messages", "anthropic"),
     ("generateContent", "gemini"),
 )
@@ -234,6 +246,8 @@ def _by_response(log: LogRecord) -> _Signal:
         return "anthropic", f"the response has type {response['type']!r}"
     if "choices" in response or str(response.get("object", "")).startswith("chat.completion"):
         return "openai", "the response has choices"
+    if response.get("object") == "response":
+        return "openai", "the response is a Responses object"
     return None, ""
 
 
@@ -244,6 +258,8 @@ def _by_stream(stream: str) -> _Signal:
         return "gemini", "the stream has candidates"
     if "chat.completion.chunk" in stream or '"choices"' in stream:
         return "openai", "the stream has choices"
+    if '"response.completed"' in stream or '"response.created"' in stream:
+        return "openai", "the stream has Responses events"
     return None, ""
 
 
@@ -274,12 +290,23 @@ def to_exchange(
         response=response,
         stream=stream,
         model_from_path=log.model if provider == "gemini" else None,
+        api_path=RESPONSES_PATH if provider == "openai" and _is_responses(log) else None,
         tenant=tenant,
         source="upload",
         source_ref=source_ref,
         created_at=created_at,
         metadata=dict(metadata),
     )
+
+
+def _is_responses(log: LogRecord) -> bool:
+    """An OpenAI record of the Responses API rather than Chat Completions: its URI, a request
+    with `input` and no `messages`, or a Responses object for an answer."""
+    if log.uri is not None and RESPONSES_PATH in log.uri:
+        return True
+    if "input" in log.request and "messages" not in log.request:
+        return True
+    return isinstance(log.response, dict) and log.response.get("object") == "response"
 
 
 def normalize_log(log: LogRecord, exchange: Exchange) -> Normalized:

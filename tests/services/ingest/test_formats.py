@@ -604,6 +604,38 @@ def test_litellm_standard_logging_payload() -> None:
     assert sample.response.error.message == "rate limited"
 
 
+def test_openai_responses_log_lines_plain_http_record_and_stream() -> None:
+    request = {"model": "gpt-4.1", "instructions": "Be brief.", "input": "Capital of Peru?"}
+    answer = {
+        "id": "resp_1", "object": "response", "status": "completed", "model": "gpt-4.1-2025-04-14",
+        "output": [{"type": "message", "role": "assistant",
+                    "content": [{"type": "output_text", "text": "Lima.", "annotations": []}]}],
+        "usage": {"input_tokens": 12, "output_tokens": 2, "total_tokens": 14},
+    }  # fmt: skip
+    plain = accepted({"request": request, "response": answer})
+    assert plain.format == "openai_log"
+    (sample,) = plain.samples
+    assert [(m.role, m.text()) for m in sample.messages] == [
+        ("system", "Be brief."),
+        ("user", "Capital of Peru?"),
+        ("assistant", "Lima."),
+    ]
+    http = accepted({
+        "request": {"method": "POST", "uri": "https://api.openai.com/v1/responses", "body": request},
+        "response": {"status": {"code": 200, "message": "OK"}, "body": answer},
+    })  # fmt: skip
+    assert [m.messages for m in http.samples] == [sample.messages]
+    events = [
+        {"type": "response.created", "response": answer | {"status": "in_progress", "output": []}},
+        {"type": "response.completed", "response": answer},
+    ]
+    streamed = accepted({"request": request | {"stream": True}, "response": events})
+    assert [m.messages for m in streamed.samples] == [sample.messages]
+    cut = parse({"request": request, "response": events[:1]})
+    assert isinstance(cut, LineError)
+    assert "no response.completed event" in cut.reason
+
+
 @pytest.mark.usefixtures("normalisers")
 def test_log_errors_point_into_the_line() -> None:
     request = {
@@ -730,7 +762,8 @@ def test_detection_table(line: dict[str, Any], expected: str) -> None:
         ),
         (
             {"request": {"prompt": "hi"}, "response": {}},
-            "request: cannot tell the provider: expected messages (OpenAI, Anthropic) or contents (Gemini)",
+            "request: cannot tell the provider: expected messages (OpenAI, Anthropic), input (OpenAI "
+            "Responses) or contents (Gemini)",
         ),
         ([1, 2], "must be a JSON object, not an array"),
     ],
