@@ -7,7 +7,7 @@ stream) is the final assistant turn of one sample. A failed call (status >= 400,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from services.ingest.normalize import Exchange, Normalized, NormalizeError
 from services.ingest.normalize._json import (
@@ -178,19 +178,25 @@ def _media_part(kind: str, raw: JsonObject, where: str, notes: Notes) -> Content
             url, path=at(where, "image_url.url"), notes=notes, kind="image", detail=detail
         )
     if kind == "input_audio":
-        audio = obj(raw.get("input_audio"), at(where, "input_audio"))
-        fmt = text(audio.get("format"), at(where, "input_audio.format"))
-        data = text(audio.get("data"), at(where, "input_audio.data"))
-        mime = _AUDIO_MIME.get(fmt, f"audio/{fmt}")
-        path = at(where, "input_audio.data")
-        return inline_media(data, mime, path=path, mime_path=path, notes=notes, kind="audio")
+        return audio_part(raw, where, notes)
     if kind == "file":
-        return _file_part(obj(raw.get("file"), at(where, "file")), at(where, "file"), notes)
+        return file_part(obj(raw.get("file"), at(where, "file")), at(where, "file"), notes)
     notes.drop(at(where, "type"), f"unsupported content part type {kind!r}")
     return None
 
 
-def _file_part(file: JsonObject, path: str, notes: Notes) -> ContentPart | None:
+def audio_part(raw: JsonObject, where: str, notes: Notes) -> ContentPart | None:
+    """An `input_audio` part (`{data, format}`), as Chat Completions and Responses send it."""
+    audio = obj(raw.get("input_audio"), at(where, "input_audio"))
+    fmt = text(audio.get("format"), at(where, "input_audio.format"))
+    data = text(audio.get("data"), at(where, "input_audio.data"))
+    mime = _AUDIO_MIME.get(fmt, f"audio/{fmt}")
+    path = at(where, "input_audio.data")
+    return inline_media(data, mime, path=path, mime_path=path, notes=notes, kind="audio")
+
+
+def file_part(file: JsonObject, path: str, notes: Notes) -> ContentPart | None:
+    """A file by `file_id`, or inline as `file_data` (base64 or a data URL), with its name."""
     filename = opt_text(file.get("filename"), at(path, "filename"))
     file_id = opt_text(file.get("file_id"), at(path, "file_id"))
     if file_id is not None:
@@ -215,15 +221,18 @@ def _tool_calls(raw: JsonObject, path: str, notes: Notes) -> list[ToolCall]:
             continue
         call_id = opt_text(item.get("id"), at(where, "id"))
         calls.append(
-            _call(call_id, obj(item.get("function"), at(where, "function")), at(where, "function"))
+            function_call(
+                call_id, obj(item.get("function"), at(where, "function")), at(where, "function")
+            )
         )
     legacy = opt_obj(raw.get("function_call"), at(path, "function_call"))
     if legacy is not None:
-        calls.append(_call(None, legacy, at(path, "function_call")))
+        calls.append(function_call(None, legacy, at(path, "function_call")))
     return calls
 
 
-def _call(call_id: str | None, function: JsonObject, path: str) -> ToolCall:
+def function_call(call_id: str | None, function: JsonObject, path: str) -> ToolCall:
+    """A call from `{name, arguments}` (a JSON string, "" or absent for none)."""
     arguments = function.get("arguments")
     # A parameterless call may come back as "" (and a stream may send no fragments at all).
     if arguments is None or arguments == "":
@@ -260,14 +269,16 @@ def _tools(body: JsonObject, notes: Notes) -> list[ToolDef]:
         if kind != "function":
             notes.drop(where, f"{kind!r} tools are not carried (only function tools)")
             continue
-        tools.append(_tool(obj(item.get("function"), at(where, "function")), at(where, "function")))
+        function = obj(item.get("function"), at(where, "function"))
+        tools.append(function_tool(function, at(where, "function")))
     # The legacy `functions` list.
     for i, item in enumerate(opt_arr(body.get("functions"), "functions")):
-        tools.append(_tool(obj(item, at("functions", i)), at("functions", i)))
+        tools.append(function_tool(obj(item, at("functions", i)), at("functions", i)))
     return tools
 
 
-def _tool(function: JsonObject, path: str) -> ToolDef:
+def function_tool(function: JsonObject, path: str) -> ToolDef:
+    """A function tool from `{name, description, parameters, strict}`."""
     return build(
         ToolDef,
         path,
@@ -299,7 +310,7 @@ def _reply(exchange: Exchange, notes: Notes) -> Reply:
         answers=answers,
         model=opt_text(source.get("model"), at(base, "model")),
         response_id=opt_text(source.get("id"), at(base, "id")),
-        usage=_usage(source.get("usage"), at(base, "usage"), notes),
+        usage=usage(source.get("usage"), at(base, "usage"), notes),
     )
 
 
@@ -324,22 +335,35 @@ def _answer(path: str, position: int, raw: Any, notes: Notes) -> Answer:
     )
 
 
-def _usage(value: Any, path: str, notes: Notes) -> Usage | None:
+class UsageKeys(NamedTuple):
+    """Where an OpenAI API puts its token counts (Chat Completions and Responses differ)."""
+
+    input: str = "prompt_tokens"
+    output: str = "completion_tokens"
+    input_details: str = "prompt_tokens_details"
+    output_details: str = "completion_tokens_details"
+
+
+CHAT_USAGE = UsageKeys()
+
+
+def usage(value: Any, path: str, notes: Notes, keys: UsageKeys = CHAT_USAGE) -> Usage | None:
+    """Token counts with OpenAI semantics (cached and reasoning tokens from the details)."""
     if value is None:
         return None
     if not isinstance(value, dict):
         notes.drop(path, "usage is not an object")
         return None
-    prompt_details = value.get("prompt_tokens_details")
-    completion_details = value.get("completion_tokens_details")
+    input_details = value.get(keys.input_details)
+    output_details = value.get(keys.output_details)
     return Usage(
-        input_tokens=count(value.get("prompt_tokens")),
-        output_tokens=count(value.get("completion_tokens")),
+        input_tokens=count(value.get(keys.input)),
+        output_tokens=count(value.get(keys.output)),
         total_tokens=count(value.get("total_tokens")),
-        cached_input_tokens=count(prompt_details.get("cached_tokens"))
-        if isinstance(prompt_details, dict)
+        cached_input_tokens=count(input_details.get("cached_tokens"))
+        if isinstance(input_details, dict)
         else None,
-        reasoning_tokens=count(completion_details.get("reasoning_tokens"))
-        if isinstance(completion_details, dict)
+        reasoning_tokens=count(output_details.get("reasoning_tokens"))
+        if isinstance(output_details, dict)
         else None,
     )

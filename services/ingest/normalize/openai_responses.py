@@ -21,17 +21,14 @@ from services.ingest.normalize import Exchange, Normalized, NormalizeError
 from services.ingest.normalize._json import (
     JsonObject,
     at,
-    count,
     loads,
-    name,
     obj,
     opt_arr,
-    opt_bool,
     opt_obj,
     opt_text,
     text,
 )
-from services.ingest.normalize._parts import inline_media, media, url_media
+from services.ingest.normalize._parts import media, url_media
 from services.ingest.normalize._sample import (
     Answer,
     Notes,
@@ -43,8 +40,16 @@ from services.ingest.normalize._sample import (
     request_params,
     response_source,
 )
+from services.ingest.normalize.openai import (
+    UsageKeys,
+    audio_part,
+    file_part,
+    function_call,
+    function_tool,
+    usage,
+)
 from services.ingest.sse import parse_sse
-from shared.chat import ContentPart, Message, ReasoningBlock, TextPart, ToolCall, ToolDef, Usage
+from shared.chat import ContentPart, Message, ReasoningBlock, TextPart, ToolDef
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _PARAMS = {
@@ -57,6 +62,8 @@ _PARAMS = {
 }
 _NOT_PARAMS = {"input", "instructions", "model", "tools", "reasoning"}
 _FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
+_USAGE_KEYS = UsageKeys("input_tokens", "output_tokens", "input_tokens_details",
+                        "output_tokens_details")  # fmt: skip
 _CONTINUED = (
     "the earlier turns are stored at OpenAI (previous_response_id), not in this request: "
     "the sample holds only this request's input"
@@ -139,7 +146,8 @@ def _item(turns: _Turns, raw: JsonObject, path: str, notes: Notes) -> None:
     if kind == "message":
         _message(turns, raw, path, notes)
     elif kind == "function_call":
-        turns.assistant(path)["tool_calls"].append(_call(raw, path))
+        call_id = text(raw.get("call_id"), at(path, "call_id"))
+        turns.assistant(path)["tool_calls"].append(function_call(call_id, raw, path))
     elif kind == "function_call_output":
         call_id = text(raw.get("call_id"), at(path, "call_id"))
         content = _content(raw.get("output"), at(path, "output"), notes)[0]
@@ -211,48 +219,19 @@ def _media_part(kind: str, raw: JsonObject, where: str, notes: Notes) -> Content
     if kind == "input_file":
         return _file_part(raw, where, notes)
     if kind == "input_audio":
-        audio = obj(raw.get("input_audio"), at(where, "input_audio"))
-        fmt = text(audio.get("format"), at(where, "input_audio.format"))
-        data_path = at(where, "input_audio.data")
-        data = text(audio.get("data"), data_path)
-        mime = "audio/mpeg" if fmt == "mp3" else f"audio/{fmt}"
-        return inline_media(
-            data, mime, path=data_path, mime_path=data_path, notes=notes, kind="audio"
-        )
+        return audio_part(raw, where, notes)
     notes.drop(at(where, "type"), f"unsupported content part type {kind!r}")
     return None
 
 
 def _file_part(raw: JsonObject, where: str, notes: Notes) -> ContentPart | None:
-    filename = opt_text(raw.get("filename"), at(where, "filename"))
-    file_id = opt_text(raw.get("file_id"), at(where, "file_id"))
-    if file_id is not None:
-        return media("file", where, file_id=file_id, filename=filename)
+    """An `input_file`: Chat Completions' file fields, or a `file_url`."""
     file_url = opt_text(raw.get("file_url"), at(where, "file_url"))
-    if file_url is not None:
-        return url_media(file_url, path=at(where, "file_url"), notes=notes, kind="file",
-                         filename=filename)  # fmt: skip
-    data = text(raw.get("file_data"), at(where, "file_data"))
-    path = at(where, "file_data")
-    if data.startswith("data:"):
-        return url_media(data, path=path, notes=notes, kind="file", filename=filename)
-    return inline_media(
-        data, None, path=path, mime_path=path, notes=notes, kind="file", filename=filename
-    )
-
-
-def _call(raw: JsonObject, path: str) -> ToolCall:
-    arguments = raw.get("arguments")
-    if arguments is None or arguments == "":
-        arguments = "{}"
-    if not isinstance(arguments, str | dict):
-        raise NormalizeError(at(path, "arguments"), "must be a JSON-encoded string")
-    return build(
-        ToolCall,
-        path,
-        id=text(raw.get("call_id"), at(path, "call_id")),
-        name=name(raw.get("name"), at(path, "name")),
-        arguments=arguments,
+    if file_url is None:
+        return file_part(raw, where, notes)
+    filename = opt_text(raw.get("filename"), at(where, "filename"))
+    return url_media(
+        file_url, path=at(where, "file_url"), notes=notes, kind="file", filename=filename
     )
 
 
@@ -279,16 +258,7 @@ def _tools(body: JsonObject, notes: Notes) -> list[ToolDef]:
         if kind != "function":
             notes.drop(where, f"{kind!r} tools are not carried (only function tools)")
             continue
-        tools.append(
-            build(
-                ToolDef,
-                where,
-                name=name(item.get("name"), at(where, "name")),
-                description=opt_text(item.get("description"), at(where, "description")),
-                parameters=opt_obj(item.get("parameters"), at(where, "parameters")),
-                strict=opt_bool(item.get("strict"), at(where, "strict")),
-            )
-        )
+        tools.append(function_tool(item, where))
     return tools
 
 
@@ -319,7 +289,7 @@ def _reply(exchange: Exchange, notes: Notes) -> Reply:
         answers=[Answer(index=0, message=message, finish_raw=_finish_raw(source, base))],
         model=opt_text(source.get("model"), at(base, "model")),
         response_id=opt_text(source.get("id"), at(base, "id")),
-        usage=_usage(source.get("usage"), at(base, "usage"), notes),
+        usage=usage(source.get("usage"), at(base, "usage"), notes, _USAGE_KEYS),
     )
 
 
@@ -349,24 +319,3 @@ def _finish_raw(source: JsonObject, base: str) -> str | None:
         details = opt_obj(source.get("incomplete_details"), at(base, "incomplete_details")) or {}
         return opt_text(details.get("reason"), at(base, "incomplete_details.reason")) or status
     return status
-
-
-def _usage(value: Any, path: str, notes: Notes) -> Usage | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        notes.drop(path, "usage is not an object")
-        return None
-    input_details = value.get("input_tokens_details")
-    output_details = value.get("output_tokens_details")
-    return Usage(
-        input_tokens=count(value.get("input_tokens")),
-        output_tokens=count(value.get("output_tokens")),
-        total_tokens=count(value.get("total_tokens")),
-        cached_input_tokens=count(input_details.get("cached_tokens"))
-        if isinstance(input_details, dict)
-        else None,
-        reasoning_tokens=count(output_details.get("reasoning_tokens"))
-        if isinstance(output_details, dict)
-        else None,
-    )
