@@ -108,6 +108,10 @@ class RunningProcess:
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 60.0) -> None:
+        # A restart on the same ports (after kill or stop) can find a port still held for a
+        # moment by the dead process's closing connections (seen once in CI: the restarted
+        # ingest failed to bind). Wait for the ports first; one still busy fails below as before.
+        localstack.wait_until(self._ports_free, 10.0, interval_s=0.1)
         self.process = localstack.spawn(self.component, self.log_path, env=self.env)
         _started.append(self)
         process = self.process
@@ -121,6 +125,9 @@ class RunningProcess:
             raise RuntimeError(
                 f"{self.component.name} did not become ready in {timeout_s}s; log:\n{tail}"
             )
+
+    def _ports_free(self) -> bool:
+        return all(localstack.port_is_free(port.number) for port in self.component.ports)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.process is None or self.process.poll() is not None:
