@@ -35,8 +35,9 @@ log = logging.getLogger("tuneloop.ingest.handlers")
 def sample_persister(*, broker: NatsBroker, engine: Engine) -> bus.BatchConsumer[dict[str, Any]]:
     """sample.captured -> the sample store, a batch (32 messages) per transaction: the durable
     consumer FastStream's one-event subscriber used (state.py starts and stops it). Rows are
-    made from the event bytes (samples.row_from_event); a message that cannot be a row is
-    terminated with the reason logged; a failed insert is redelivered (idempotent)."""
+    made from the event bytes (samples.row_from_event); an event that cannot be a row is
+    dropped with the reason logged (its message terminated when it held nothing else, see
+    bus.BatchConsumer); a failed insert is redelivered (idempotent)."""
 
     def decode(data: bytes, subject: str) -> dict[str, Any]:
         try:
