@@ -7,6 +7,7 @@ stream) is the final assistant turn of one sample. A failed call (status >= 400,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from services.ingest.normalize import Exchange, Normalized, NormalizeError
@@ -146,6 +147,18 @@ def _message(path: str, raw: Any, notes: Notes) -> Message:
 
 def _content(value: Any, path: str, notes: Notes) -> tuple[list[ContentPart], list[str]]:
     """Content parts and refusal texts of a message's `content` (string, parts or null)."""
+    return content_parts(value, path, notes, text_types=("text",), media_part=_media_part)
+
+
+MediaReader = Callable[[str, JsonObject, str, Notes], ContentPart | None]
+
+
+def content_parts(
+    value: Any, path: str, notes: Notes, *, text_types: tuple[str, ...], media_part: MediaReader
+) -> tuple[list[ContentPart], list[str]]:
+    """Content parts and refusal texts of a `content` that is a string, parts or null: text
+    parts of `text_types`, refusal parts, and whatever `media_part` makes of the rest (it notes
+    what it does not carry). Chat Completions and Responses differ only in those part types."""
     if value is None:
         return [], []
     if isinstance(value, str):
@@ -156,11 +169,13 @@ def _content(value: Any, path: str, notes: Notes) -> tuple[list[ContentPart], li
         where = at(path, i)
         raw = obj(raw, where)
         kind = text(raw.get("type"), at(where, "type"))
-        if kind == "text":
+        if kind in text_types:
             parts.append(TextPart(text=text(raw.get("text"), at(where, "text"))))
+            if raw.get("annotations"):
+                notes.drop(at(where, "annotations"), "annotations are not carried")
         elif kind == "refusal":
             refusals.append(text(raw.get("refusal"), at(where, "refusal")))
-        elif (part := _media_part(kind, raw, where, notes)) is not None:
+        elif (part := media_part(kind, raw, where, notes)) is not None:
             parts.append(part)
     return parts, refusals
 

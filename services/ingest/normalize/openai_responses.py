@@ -43,6 +43,7 @@ from services.ingest.normalize._sample import (
 from services.ingest.normalize.openai import (
     UsageKeys,
     audio_part,
+    content_parts,
     file_part,
     function_call,
     function_tool,
@@ -61,6 +62,8 @@ _PARAMS = {
     "stream": "stream",
 }
 _NOT_PARAMS = {"input", "instructions", "model", "tools", "reasoning"}
+# Input text, and the model's own text when earlier answers are sent back as history.
+_TEXT_PARTS = ("input_text", "output_text", "text")
 _FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
 _USAGE_KEYS = UsageKeys("input_tokens", "output_tokens", "input_tokens_details",
                         "output_tokens_details")  # fmt: skip
@@ -184,25 +187,7 @@ def _message(turns: _Turns, raw: JsonObject, path: str, notes: Notes) -> None:
 
 def _content(value: Any, path: str, notes: Notes) -> tuple[list[ContentPart], list[str]]:
     """Content parts and refusal texts of an item's `content` (or a function call's output)."""
-    if value is None:
-        return [], []
-    if isinstance(value, str):
-        return ([TextPart(text=value)] if value else []), []
-    parts: list[ContentPart] = []
-    refusals: list[str] = []
-    for i, raw in enumerate(opt_arr(value, path)):
-        where = at(path, i)
-        raw = obj(raw, where)
-        kind = text(raw.get("type"), at(where, "type"))
-        if kind in ("input_text", "output_text", "text"):
-            parts.append(TextPart(text=text(raw.get("text"), at(where, "text"))))
-            if raw.get("annotations"):
-                notes.drop(at(where, "annotations"), "annotations are not carried")
-        elif kind == "refusal":
-            refusals.append(text(raw.get("refusal"), at(where, "refusal")))
-        elif (part := _media_part(kind, raw, where, notes)) is not None:
-            parts.append(part)
-    return parts, refusals
+    return content_parts(value, path, notes, text_types=_TEXT_PARTS, media_part=_media_part)
 
 
 def _media_part(kind: str, raw: JsonObject, where: str, notes: Notes) -> ContentPart | None:
