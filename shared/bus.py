@@ -217,6 +217,13 @@ class EncodedEvent:
     payload: bytes
     bundled: bool = False  # its class's `Event.bundled`
 
+    def __reduce__(self) -> tuple[type[EncodedEvent], tuple[Any, ...]]:
+        # Pickled by the dozen per OTLP export on its way back from a mapping process: the
+        # dataclass default (__getstate__/__setstate__ walking fields()) cost ~4 us an object.
+        return type(self), (
+            self.subject, self.stream, self.event_id, self.headers, self.payload, self.bundled
+        )  # fmt: skip
+
 
 def encode(event: Event, *, exclude_none: bool = False) -> EncodedEvent:
     """The event as `publish_many` sends it; ValueError for an event of no stream.

@@ -143,8 +143,10 @@ def session_scope(engine: Engine) -> Iterator[Session]:
             raise
 
 
-def get_engine(request: Request) -> Engine:
+async def get_engine(request: Request) -> Engine:
     """FastAPI dependency: the engine an app keeps on `app.state.db_engine` (set in its lifespan).
+    Async only so that FastAPI calls it on the event loop: a plain `def` dependency is run in
+    its thread pool, a thread hand-off per request for one attribute read.
 
     Tests may instead override this dependency (`app.dependency_overrides[get_engine]`).
     """

@@ -39,7 +39,8 @@ router = APIRouter()
 router.include_router(dataset_api.router)
 
 
-def get_ingest(request: Request) -> Ingest:
+async def get_ingest(request: Request) -> Ingest:
+    # async: a plain `def` dependency would cost a thread-pool round trip per request.
     ingest: Ingest = request.app.state.ingest
     return ingest
 

@@ -36,7 +36,7 @@ router = APIRouter(tags=["datasets"])
 EngineDep = Annotated[Engine, Depends(get_engine)]
 
 
-def get_worker(request: Request) -> DatasetWorker:
+async def get_worker(request: Request) -> DatasetWorker:
     worker: DatasetWorker = request.app.state.datasets
     return worker
 

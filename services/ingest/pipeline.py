@@ -60,6 +60,10 @@ class PreparedSample:
     sample_id: str
     event: bus.EncodedEvent
 
+    def __reduce__(self) -> tuple[type[PreparedSample], tuple[Any, ...]]:
+        # As EncodedEvent's: the dataclass default pickles field by field in Python.
+        return type(self), (self.tenant, self.source, self.sample_id, self.event)
+
     @classmethod
     def of(cls, sample: Sample) -> PreparedSample:
         """`sample` (scrubbed, its media moved out) encoded."""
