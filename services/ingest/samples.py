@@ -156,7 +156,11 @@ def _compile_upsert(dialect: Dialect) -> _Upsert:
     order = tuple(compiled.positiontup or ()) if compiled.positional else _COLUMNS
     if set(order) != set(_COLUMNS):
         raise RuntimeError(f"the sample upsert binds {order}, not {_COLUMNS}")
-    processors = tuple(table.c[name].type.bind_processor(dialect) for name in order)
+    # dialect_impl: a TypeDecorator's own bind_processor wraps the generic type's, which on SQLite
+    # leaves datetimes to the driver (its ISO format, not the one SQLAlchemy stores and compares).
+    processors = tuple(
+        table.c[name].type.dialect_impl(dialect).bind_processor(dialect) for name in order
+    )
     return _Upsert(str(compiled), order, compiled.positional, processors)
 
 

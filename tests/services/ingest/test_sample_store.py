@@ -211,6 +211,23 @@ def test_a_batch_of_hundreds_goes_in_at_once(db_engine: Engine) -> None:
         assert _count(session, SampleTag) == 600
 
 
+def test_stored_times_compare_with_times_sqlalchemy_binds(db_engine: Engine) -> None:
+    # The upsert binds its parameters itself (no SQLAlchemy per row): its times must be stored in
+    # the format SQLAlchemy writes and compares with, or ranges and keyset order go wrong.
+    # Whole seconds: where a driver's own format differs from SQLAlchemy's, it is in how those
+    # are written ("12:30:18+00:00" against "12:30:18.000000"), and an equal bound then misses.
+    start = NOW.replace(microsecond=0)
+    samples = [_sample(ref=f"trace/{i}", created_at=start + timedelta(seconds=i)) for i in range(5)]
+    before = datetime.now(UTC)
+    with Session(db_engine) as session:
+        insert_rows(session, [row_from_event(*_event_bytes(s)) for s in samples])
+        later = select(SampleRow.id).where(SampleRow.created_at >= start + timedelta(seconds=3))
+        assert set(session.execute(later).scalars()) == {s.id for s in samples[3:]}
+        rows = session.execute(select(SampleRow).order_by(SampleRow.created_at)).scalars().all()
+    assert [row.created_at for row in rows] == [s.created_at for s in samples]
+    assert all(before <= row.ingested_at <= datetime.now(UTC) for row in rows)
+
+
 async def test_the_persister_stores_events_and_terminates_a_poison_one(
     private_nats: RunningProcess, sqlite_url: URL, caplog: pytest.LogCaptureFixture
 ) -> None:
