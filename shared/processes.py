@@ -3,9 +3,14 @@ keeps its collector cheap."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
+import signal
+import sys
 from typing import Literal
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def pid_alive(pid: int) -> bool:
@@ -19,6 +24,18 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:  # exists, owned by someone else
         return True
     return True
+
+
+def die_with_parent(parent_pid: int, sig: signal.Signals = signal.SIGTERM) -> None:
+    """Have the kernel send `sig` to this process when the process that started it dies (Linux;
+    elsewhere a no-op), so a SIGKILLed service leaves no child behind. `parent_pid` is the pid
+    the parent gave: if this process has been re-parented already, the parent died before the
+    request could take effect, and this process exits at once."""
+    if sys.platform != "linux":
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+    if os.getppid() != parent_pid:
+        os._exit(1)
 
 
 CpuClass = Literal["idle", "nice", "normal"]

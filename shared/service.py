@@ -8,13 +8,11 @@ JetStream streams, starts the subscribers and the presence heartbeat, and stops 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import multiprocessing
 import os
 import signal
 import socket
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -29,14 +27,13 @@ from shared import bus, db
 from shared.events import ServiceHeartbeat
 from shared.logs import configure_logging
 from shared.presence import Presence
-from shared.processes import settle_heap
+from shared.processes import die_with_parent, settle_heap
 from shared.redact import register_secret
 from shared.settings import Settings, get_settings
 from shared.telemetry import Telemetry, setup_telemetry
 
 log = logging.getLogger("tuneloop.service")
 Hook = Callable[[], Awaitable[None]]
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class ServiceRuntime:
@@ -188,13 +185,12 @@ def prepare_worker(name: str) -> None:
     """For an app factory run by `run(..., workers=N)`: a worker process sets up logging and
     redaction as the parent did, and dies with the parent (a SIGKILLed service leaves no
     workers holding its port)."""
-    if multiprocessing.parent_process() is None:
+    parent = multiprocessing.parent_process()
+    if parent is None:
         return  # one process: run() did it
     prepare_process(name, get_settings())
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() == 1:  # the parent died before the line above
-            os._exit(1)
+    if parent.pid is not None:
+        die_with_parent(parent.pid, signal.SIGKILL)
 
 
 def run(

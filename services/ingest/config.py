@@ -42,11 +42,15 @@ class IngestSettings(BaseSettings):
     # inline: every ingest process also stores captured samples; process: it leaves that to
     # `python -m services.ingest.persister` copies (the gateway's loop then serves calls only).
     persister: Literal["inline", "process"] = "inline"
-    # inline: each ingest process turns its proxied calls into samples itself, on its event
-    # loop, after answering; process: it only journals them and `python -m
-    # services.ingest.shipper`, on the same machine, does the rest (shipper.py). Uploads and
-    # OTLP exports are captured where they arrive either way.
-    capture: Literal["inline", "process"] = "inline"
+    # process: each ingest process only journals its proxied calls and `python -m
+    # services.ingest.shipper`, on the same machine, does the rest (shipper.py); inline: it
+    # turns them into samples itself, on its event loop, after answering (on 2 cores at 1,000
+    # req/s that doubled the added p50 and fell behind). Uploads and OTLP exports are captured
+    # where they arrive either way.
+    capture: Literal["inline", "process"] = "process"
+    # With process capture, child: the service runs the shipper as its child process and keeps
+    # it running (shipper_child.py); external: the operator runs it (same machine).
+    shipper: Literal["child", "external"] = "child"
     # OTLP exports of otlp_process_min_bytes or more are decoded and mapped in a pool of this
     # many processes per worker (otlp_workers.py), so they use every core and never hold the
     # gateway's event loop; 0 maps them in the service process (a thread for large ones).

@@ -37,9 +37,10 @@ from services.ingest.config import IngestSettings
 from services.ingest.fidelity import FidelityFlusher
 from services.ingest.journal import journal_dir, segment_id
 from services.ingest.pipeline import CapturePipeline
+from services.ingest.shipper_child import PARENT_ENV
 from shared import bus, db
 from shared.events import SampleCaptured
-from shared.processes import lower_cpu_priority, pid_alive, settle_heap
+from shared.processes import die_with_parent, lower_cpu_priority, pid_alive, settle_heap
 from shared.service import prepare_process
 from shared.settings import Settings, get_settings
 from shared.storage import ObjectStore
@@ -248,6 +249,8 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
 async def _main() -> None:
     settings = get_settings()
     prepare_process(NAME, settings)
+    if parent := os.environ.get(PARENT_ENV):  # started by the ingest service (shipper_child)
+        die_with_parent(int(parent))
     lower_cpu_priority(IngestSettings().background_cpu)  # calls come first
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

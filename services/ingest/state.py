@@ -23,6 +23,7 @@ from services.ingest.models import UploadedFile
 from services.ingest.otlp_workers import ExportMapper
 from services.ingest.pipeline import CapturePipeline
 from services.ingest.routing import RoutingTable, load_upstreams
+from services.ingest.shipper_child import ShipperChild
 from shared import bus
 from shared.auth import CachedAuthenticator
 from shared.events import SampleCaptured
@@ -53,6 +54,7 @@ class Ingest:
     otlp: ExportMapper
     # TUNELOOP_INGEST_CAPTURE=process: where proxied calls go for the shipper process.
     shipped_journal: Journal | None = None
+    shipper: ShipperChild | None = None  # process capture, TUNELOOP_INGEST_SHIPPER=child
     _file_tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _upload_sweep: asyncio.Task[None] | None = None
 
@@ -109,6 +111,7 @@ class Ingest:
                 ingest_settings.otlp_processes, min_bytes=ingest_settings.otlp_process_min_bytes
             ),
             shipped_journal=journal if shipped else None,
+            shipper=ShipperChild() if shipped and ingest_settings.shipper == "child" else None,
         )
 
     def process_in_background(self, row: UploadedFile, leased_to: str | None = None) -> None:
@@ -137,6 +140,8 @@ class Ingest:
         if self.persister is not None:
             await self.persister.start()
         await self.fidelity.start()
+        if self.shipper is not None:
+            await self.shipper.start()
         if cleared := await asyncio.to_thread(uploads.clear_dead_spool, self.spool_dir):
             log.info("removed %d spool files of processes that were killed", cleared)
         self._upload_sweep = asyncio.create_task(
@@ -158,6 +163,8 @@ class Ingest:
         await self.pipeline.stop()
         if self.shipped_journal is not None:
             self.shipped_journal.close()
+        if self.shipper is not None:  # after the journal's last lines are written
+            await self.shipper.stop()
         await self.fidelity.stop()  # after the pipeline: its last samples are counted
         # Last: the pipeline still publishes while it drains; what is not stored stays queued
         # in the stream for the next start.

@@ -280,6 +280,8 @@ def main(argv: list[str] | None = None) -> None:
             "TUNELOOP_INGEST_WORKERS": str(args.workers),
             "TUNELOOP_INGEST_PERSISTER": args.persister,
             "TUNELOOP_INGEST_CAPTURE": args.capture,
+            # Started below, with a log of its own, rather than as the service's child.
+            "TUNELOOP_INGEST_SHIPPER": "external",
         }
         ingest = start_ingest(stack, settings, tmp, env)
         if args.persister == "process":

@@ -1,6 +1,6 @@
 """Capture never costs the caller: with NATS gone, calls still succeed; the gateway is SIGKILLed
 right after answering them, and once NATS and the gateway are back every sample is stored
-(from the write-ahead journal or the spill file)."""
+(from the write-ahead journal or the spill file). In both capture modes."""
 
 from __future__ import annotations
 
@@ -28,7 +28,11 @@ def _spilled(settings: Settings) -> int:
 
 
 @pytest.mark.slow
+# process (the default): the gateway journals, its child shipper makes the samples; it gets
+# SIGTERM from the kernel when the gateway is SIGKILLed, and the new gateway starts a new one.
+@pytest.mark.parametrize("capture", ["process", "inline"])
 def test_calls_succeed_while_nats_is_away_and_no_sample_is_lost(
+    capture: str,
     private_nats: RunningProcess,
     s3_server: RunningProcess,
     stack_settings: Settings,
@@ -42,7 +46,7 @@ def test_calls_succeed_while_nats_is_away_and_no_sample_is_lost(
         env = (
             settings_env(settings)
             | upstream_key_env()
-            | {"TUNELOOP_INGEST_UPSTREAMS_FILE": str(upstreams)}
+            | {"TUNELOOP_INGEST_UPSTREAMS_FILE": str(upstreams), "TUNELOOP_INGEST_CAPTURE": capture}
         )
         component = localstack.component(settings, "ingest")
         gateway = RunningProcess(component, tmp_path / "ingest.log", env=env)

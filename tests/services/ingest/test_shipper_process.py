@@ -4,10 +4,13 @@ shipper SIGKILLed mid-way and started again loses none and stores none twice."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from services.ingest.journal import journal_dir, segment_id
@@ -52,6 +55,7 @@ def test_calls_journaled_by_the_gateway_are_stored_once_across_a_shipper_kill(
         env = settings_env(settings) | upstream_key_env() | {
             "TUNELOOP_INGEST_UPSTREAMS_FILE": str(upstreams),
             "TUNELOOP_INGEST_CAPTURE": "process",
+            "TUNELOOP_INGEST_SHIPPER": "external",  # this test starts and kills the shipper
         }  # fmt: skip
         gateway = RunningProcess(
             localstack.component(settings, "ingest"), tmp_path / "ingest.log", env=env
@@ -102,4 +106,74 @@ def test_calls_journaled_by_the_gateway_are_stored_once_across_a_shipper_kill(
             ), sorted(p.name for p in journal_dir(settings).iterdir())
         finally:
             shipper.stop()
+            gateway.stop()
+
+
+def _shipper_child(gateway: RunningProcess) -> psutil.Process | None:
+    assert gateway.process is not None
+    for child in psutil.Process(gateway.process.pid).children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if "services.ingest.shipper" in child.cmdline():
+                return child
+    return None
+
+
+def _gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE  # exited, not reaped yet
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.slow
+def test_the_service_runs_its_shipper_restarts_it_and_takes_it_down_with_it(
+    private_nats: RunningProcess,
+    s3_server: RunningProcess,
+    stack_settings: Settings,
+    tmp_path: Path,
+) -> None:
+    # The defaults, as `make up` runs the service: process capture, the shipper its child.
+    settings = settings_on_private_nats(tmp_path / "svc", private_nats, stack_settings)
+    db.migrate(settings.database_url)
+    with RunningUpstream() as upstream:
+        upstreams = tmp_path / "upstreams.yaml"
+        upstreams.write_text(upstreams_yaml(upstream.base_url))
+        env = settings_env(settings) | upstream_key_env()
+        env["TUNELOOP_INGEST_UPSTREAMS_FILE"] = str(upstreams)
+        gateway = RunningProcess(
+            localstack.component(settings, "ingest"), tmp_path / "ingest.log", env=env
+        )
+        gateway.start()
+        try:
+            url = f"http://127.0.0.1:{settings.services.ingest_port}"
+            auth = {"Authorization": f"Bearer {_tenant_key(url)}"}
+            body = recorded("oa01_tool_calls_multiturn")["request"]["body"]
+
+            def stored() -> int:
+                page = httpx.get(f"{url}/v1/samples", params={"limit": 100}, headers=auth)
+                return len(page.json()["data"])
+
+            def call_and_wait(count: int) -> None:
+                answer = httpx.post(f"{url}/v1/chat/completions", json=body, headers=auth)
+                assert answer.status_code == 200, answer.text
+                assert localstack.wait_until(lambda: stored() == count, 30), gateway.log()[-3000:]
+
+            call_and_wait(1)
+            first = _shipper_child(gateway)
+            assert first is not None
+            first.kill()  # died on its own: the service starts another
+            assert localstack.wait_until(
+                lambda: (child := _shipper_child(gateway)) is not None and child.pid != first.pid,
+                15,
+            ), gateway.log()[-3000:]
+            second = _shipper_child(gateway)
+            assert second is not None
+            call_and_wait(2)
+            assert f"journal shipper (pid {first.pid}) exited" in gateway.log()
+            # The service SIGKILLed alone (not its process group): the kernel stops its child.
+            assert gateway.process is not None
+            os.kill(gateway.process.pid, signal.SIGKILL)
+            gateway.process.wait(10)
+            assert localstack.wait_until(lambda: _gone(second), 20)
+        finally:
             gateway.stop()
