@@ -85,15 +85,20 @@ class ShipperChild:
                 return
             if time.monotonic() - started >= _HEALTHY_S:
                 delay = _FIRST_DELAY_S
-            log.error(
-                "the journal shipper (pid %d) exited with %s; starting it again in %.0fs "
-                "(captured calls wait in the journal meanwhile)",
+            # Waited out before saying anything: when the service is stopped with its process
+            # group (make down, a container stop), the child gets the SIGTERM first and exits,
+            # and stop() cancels this wait a moment later.
+            await asyncio.sleep(delay)
+            if self._stopping:
+                return
+            level = logging.WARNING if code == 0 else logging.ERROR  # 0: it was told to stop
+            log.log(
+                level,
+                "the journal shipper (pid %d) exited with %s; starting it again (captured calls "
+                "waited in the journal meanwhile)",
                 process.pid,
                 code,
-                delay,
             )
-            await asyncio.sleep(delay)
             delay = min(delay * 2, _MAX_DELAY_S)
-            if not self._stopping:
-                await self._spawn()
-                self.restarts += 1
+            await self._spawn()
+            self.restarts += 1

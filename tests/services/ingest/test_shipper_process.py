@@ -175,5 +175,14 @@ def test_the_service_runs_its_shipper_restarts_it_and_takes_it_down_with_it(
             os.kill(gateway.process.pid, signal.SIGKILL)
             gateway.process.wait(10)
             assert localstack.wait_until(lambda: _gone(second), 20)
+
+            # Stopped with its process group, as make down does: the child gets the SIGTERM too
+            # and exits first, which is no failure to report or restart.
+            logged = len(gateway.log())
+            gateway.start()
+            assert localstack.wait_until(lambda: _shipper_child(gateway) is not None, 15)
+            call_and_wait(3)
+            gateway.stop()
+            assert "exited" not in gateway.log()[logged:], gateway.log()[logged:][-3000:]
         finally:
             gateway.stop()
