@@ -101,6 +101,31 @@ for _path, _api in PASSTHROUGH_PATHS.items():
     router.add_api_route(_path, _relayed_only(_path, _api), methods=["POST"], tags=["gateway"])
 
 
+async def _model_optional(request: Request, ingest: Ingest) -> Response:
+    return await ingest.gateway.handle(
+        request, api="openai", path=request.url.path, capture=False, model_optional=True
+    )
+
+
+@router.get("/v1/responses/{response_id}", tags=["gateway"], summary="Responses: retrieve")
+@router.delete("/v1/responses/{response_id}", tags=["gateway"], summary="Responses: delete")
+@router.get(
+    "/v1/responses/{response_id}/input_items", tags=["gateway"], summary="Responses: input items"
+)
+@router.post("/v1/responses/{response_id}/cancel", tags=["gateway"], summary="Responses: cancel")
+async def stored_response(response_id: str, request: Request, ingest: IngestDep) -> Response:
+    """A response the Responses API stored: relayed, not captured, to the first OpenAI upstream
+    in the upstreams file (the call names no model)."""
+    return await _model_optional(request, ingest)
+
+
+@router.post("/v1/moderations", tags=["gateway"], summary="OpenAI moderations, relayed")
+async def moderations(request: Request, ingest: IngestDep) -> Response:
+    """Relayed, not captured: to the model's upstream, or without a model to the first OpenAI
+    upstream in the upstreams file."""
+    return await _model_optional(request, ingest)
+
+
 # --- OTLP traces ------------------------------------------------------------------------------
 
 

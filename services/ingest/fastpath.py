@@ -20,7 +20,13 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.ingest.gateway import CAPTURED_PATHS, PASSTHROUGH_PATHS, Gateway, gemini_method
+from services.ingest.gateway import (
+    CAPTURED_PATHS,
+    PASSTHROUGH_PATHS,
+    Gateway,
+    gemini_method,
+    model_optional_call,
+)
 from services.ingest.routing import Api
 from shared.telemetry import Telemetry
 
@@ -38,13 +44,11 @@ def is_proxy_call(scope: MutableMapping[str, Any]) -> bool:
 
 def answers(method: str, path: str) -> bool:
     """Whether a request is one of the proxied provider calls."""
-    if method != "POST":
-        return False
-    return (
-        path in CAPTURED_PATHS
-        or path in PASSTHROUGH_PATHS
-        or _gemini_model_action(path) is not None
-    )
+    if method == "POST" and (
+        path in CAPTURED_PATHS or path in PASSTHROUGH_PATHS or _gemini_model_action(path)
+    ):
+        return True
+    return model_optional_call(method, path) is not None
 
 
 def _gemini_model_action(path: str) -> str | None:
@@ -98,8 +102,19 @@ class ProxyEndpoints:
             finally:
                 self._count(path, status)
             return
-        model_action = _gemini_model_action(path)
-        assert model_action is not None, f"{path} is not a proxied path"
+        model_action = _gemini_model_action(path) if scope["method"] == "POST" else None
+        if model_action is None:
+            optional = model_optional_call(scope["method"], path)
+            assert optional is not None, f"{scope['method']} {path} is not a proxied call"
+            api, counted_as = optional
+            try:
+                await self.gateway.serve(
+                    scope, receive, noting_status, api=api, path=path, capture=False,
+                    model_optional=True,
+                )  # fmt: skip
+            finally:
+                self._count(counted_as, status)
+            return
         try:
             await self._gemini(scope, receive, noting_status, model_action)
         finally:

@@ -55,7 +55,30 @@ PASSTHROUGH_PATHS: dict[str, Api] = {
     "/v1/messages/count_tokens": "anthropic",
 }
 GEMINI_PASSTHROUGH_ACTIONS = ("countTokens", "embedContent", "batchEmbedContents")
+# Provider calls whose body may name no model: about a response the Responses API stored
+# (retrieve, delete, list its input items, cancel; the id is in the path) or with the model
+# optional (moderations). Relayed, not captured: to the upstream of the model when the body names
+# one, else to the first upstream of their API family in the upstreams file.
+RESPONSES_PREFIX = RESPONSES_PATH + "/"
+_STORED_RESPONSE_CALLS = frozenset(
+    {("GET", ""), ("DELETE", ""), ("GET", "/input_items"), ("POST", "/cancel")}
+)
+MODEL_OPTIONAL_PATHS: dict[str, Api] = {"/v1/moderations": "openai"}
 _MISSING_KEY = f"missing tuneloop API key: send it as {ACCEPTED_KEY_SOURCES}"
+
+
+def model_optional_call(method: str, path: str) -> tuple[Api, str] | None:
+    """For a call whose body may name no model (see MODEL_OPTIONAL_PATHS), its API family and
+    the path to count it under (ids left out); None for any other call."""
+    if method == "POST" and path in MODEL_OPTIONAL_PATHS:
+        return MODEL_OPTIONAL_PATHS[path], path
+    if not path.startswith(RESPONSES_PREFIX):
+        return None
+    response_id, slash, rest = path[len(RESPONSES_PREFIX) :].partition("/")
+    tail = slash + rest
+    if response_id and (method, tail) in _STORED_RESPONSE_CALLS:
+        return "openai", f"{RESPONSES_PREFIX}{{response_id}}{tail}"
+    return None
 
 
 class BodyTooLarge(Exception):
@@ -103,10 +126,13 @@ class Gateway:
         path: str,
         model: str | None = None,
         capture: bool = True,
+        model_optional: bool = False,
     ) -> Response:
         """The proxied call as a Response for a FastAPI route; `serve` does the work (when
         ProxyRoutes is in front, as in app.py, these routes only document the API)."""
-        return _Served(self, api=api, path=path, model=model, capture=capture)
+        return _Served(
+            self, api=api, path=path, model=model, capture=capture, model_optional=model_optional
+        )
 
     async def serve(
         self,
@@ -118,17 +144,26 @@ class Gateway:
         path: str,
         model: str | None = None,
         capture: bool = True,
+        model_optional: bool = False,
     ) -> None:
         """Proxy one call. `model` is given for Gemini (it is in the path); else read from the
-        body. `capture`: whether the answered call becomes a sample."""
-        outcome = await self._prepare(scope, receive, api=api, model=model)
+        body. `capture`: whether the answered call becomes a sample. `model_optional`: a body
+        without a model (or no body) is routed to the API family's first upstream."""
+        outcome = await self._prepare(
+            scope, receive, api=api, model=model, model_optional=model_optional
+        )
         if isinstance(outcome, Response):
             await self.refuse(outcome, scope, receive, send)
             return
         incoming, tenant, model = outcome
-        route = self.routes.resolve(api, model)
+        if model is not None:
+            route = self.routes.resolve(api, model)
+            refusal = model_not_found(api, model)
+        else:
+            route = self.routes.first(api)
+            refusal = error_response(api, 404, f"no {api} upstream is configured")
         if route is None:
-            await self.refuse(model_not_found(api, model), scope, receive, send)
+            await self.refuse(refusal, scope, receive, send)
             return
         try:
             await forward(
@@ -152,9 +187,16 @@ class Gateway:
             await self.refuse(refusal, scope, receive, send)
 
     async def _prepare(
-        self, scope: Scope, receive: Receive, *, api: Api, model: str | None
-    ) -> tuple[Incoming, str, str] | Response:
-        """The call read and checked: (incoming, tenant, model), or the refusal to send."""
+        self,
+        scope: Scope,
+        receive: Receive,
+        *,
+        api: Api,
+        model: str | None,
+        model_optional: bool = False,
+    ) -> tuple[Incoming, str, str | None] | Response:
+        """The call read and checked: (incoming, tenant, model), or the refusal to send. The
+        model is None only for a `model_optional` call whose body names none."""
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         incoming = Incoming(
             method=scope["method"],
@@ -173,8 +215,8 @@ class Gateway:
             incoming.body = await self._body(headers, receive)
         except BodyTooLarge as exc:
             return error_response(api, 413, str(exc))
-        if model is None:
-            model_or_error = _model_from_body(incoming.body, api)
+        if model is None and (incoming.body or not model_optional):
+            model_or_error = _model_from_body(incoming.body, api, required=not model_optional)
             if isinstance(model_or_error, Response):
                 return model_or_error
             model = model_or_error
@@ -218,11 +260,18 @@ class _Served(Response):
     """A FastAPI route's answer that hands the connection to `Gateway.serve`."""
 
     def __init__(
-        self, gateway: Gateway, *, api: Api, path: str, model: str | None, capture: bool
+        self,
+        gateway: Gateway,
+        *,
+        api: Api,
+        path: str,
+        model: str | None,
+        capture: bool,
+        model_optional: bool,
     ) -> None:
         super().__init__()
         self._gateway, self._api, self._path, self._model = gateway, api, path, model
-        self._capture = capture
+        self._capture, self._model_optional = capture, model_optional
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._gateway.serve(
@@ -233,6 +282,7 @@ class _Served(Response):
             path=self._path,
             model=self._model,
             capture=self._capture,
+            model_optional=self._model_optional,
         )
 
 
@@ -269,7 +319,7 @@ def _presented_key(headers: list[tuple[bytes, bytes]], query: str) -> str | None
     return query_key or None
 
 
-def _model_from_body(body: bytes, api: Api) -> str | Response:
+def _model_from_body(body: bytes, api: Api, *, required: bool = True) -> str | Response | None:
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -277,6 +327,9 @@ def _model_from_body(body: bytes, api: Api) -> str | Response:
     if not isinstance(document, dict):
         return error_response(api, 400, "request body must be a JSON object")
     model = document.get("model")
+    if model is None and not required:
+        return None
     if not isinstance(model, str) or not model:
-        return error_response(api, 400, "model: required, a non-empty string", param="model")
+        message = "model: required, a non-empty string" if required else "model: a non-empty string"
+        return error_response(api, 400, message, param="model")
     return model

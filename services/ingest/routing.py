@@ -115,6 +115,11 @@ class RoutingTable:
         self._resolved[key] = route
         return route
 
+    def first(self, api: Api) -> Route | None:
+        """The first upstream of the `api` family in the upstreams file, for a call that names
+        no model (gateway.MODEL_OPTIONAL_PATHS); None when the file has none."""
+        return next((u.route() for u in self.upstreams if u.api == api), None)
+
     def add_deployment(
         self, *, served_model_name: str, deployment_id: str, endpoint_url: str
     ) -> None:

@@ -103,6 +103,33 @@ DOCUMENTED_ANSWERS: dict[str, dict[str, Any]] = {
     },
     "/v1/messages/count_tokens": {"input_tokens": 2095},
 }
+_CATEGORIES = ("harassment", "hate", "illicit", "self-harm", "sexual", "violence")
+MODERATION = {
+    "id": "modr-0d9740456c391e43c445bf0f010940c7",
+    "model": "omni-moderation-latest",
+    "results": [
+        {
+            "flagged": False,
+            "categories": dict.fromkeys(_CATEGORIES, False),
+            "category_scores": dict.fromkeys(_CATEGORIES, 0.0001),
+            "category_applied_input_types": {name: ["text"] for name in _CATEGORIES},
+        }
+    ],
+}
+INPUT_ITEMS = {
+    "object": "list",
+    "data": [
+        {
+            "id": "msg_abc123",
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Tell me a three sentence bedtime story."}],
+        }
+    ],
+    "first_id": "msg_abc123",
+    "last_id": "msg_abc123",
+    "has_more": False,
+}
 GEMINI_DOCUMENTED_ANSWERS: dict[str, dict[str, Any]] = {
     "countTokens": {
         "totalTokens": 31,
@@ -275,6 +302,31 @@ class FakeUpstream:
             return Response(_sse(RESPONSES_STREAM), media_type="text/event-stream")
         return JSONResponse(DOCUMENTED_ANSWERS[path])
 
+    async def stored_response(self, request: Request) -> Response:
+        """The Responses API's calls about a stored response (no model in them)."""
+        body = await _json(request) if request.method == "POST" else {}
+        self.received.append(Received(request.url.path, dict(request.headers), body or {}))
+        if (refused := await self._check_key(request, "openai")) is not None:
+            return refused
+        response_id = request.path_params["response_id"]
+        if request.url.path.endswith("/input_items"):
+            return JSONResponse(INPUT_ITEMS)
+        if request.method == "DELETE":
+            return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+        stored = DOCUMENTED_ANSWERS["/v1/responses"] | {"id": response_id}
+        if request.url.path.endswith("/cancel"):
+            stored |= {"status": "cancelled", "background": True}
+        return JSONResponse(stored)
+
+    async def moderations(self, request: Request) -> Response:
+        body = await _json(request)
+        if body is None:
+            return JSONResponse({"error": {"message": "fake upstream: not a JSON object"}}, 400)
+        self.received.append(Received(request.url.path, dict(request.headers), body))
+        if (refused := await self._check_key(request, "openai")) is not None:
+            return refused
+        return JSONResponse(MODERATION)
+
     async def deployed(self, request: Request) -> Response:
         """A model we deployed ourselves: OpenAI-compatible, no provider key."""
         body = await _json(request)
@@ -289,6 +341,12 @@ class FakeUpstream:
                 Route("/v1/messages", self.anthropic, methods=["POST"]),
                 *(Route(path, self.documented, methods=["POST"]) for path in DOCUMENTED_ANSWERS),
                 Route("/v1beta/models/{model_action}", self.gemini, methods=["POST"]),
+                Route(
+                    "/v1/responses/{response_id}", self.stored_response, methods=["GET", "DELETE"]
+                ),
+                Route("/v1/responses/{response_id}/input_items", self.stored_response),
+                Route("/v1/responses/{response_id}/cancel", self.stored_response, methods=["POST"]),
+                Route("/v1/moderations", self.moderations, methods=["POST"]),
             ]
         )
 

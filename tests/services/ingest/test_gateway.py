@@ -198,6 +198,49 @@ def test_openai_responses_api_through_the_gateway_is_captured_plain_and_streamed
     assert streamed["response"]["time_to_first_token_ms"] is not None
 
 
+def test_calls_that_name_no_model_go_to_the_first_upstream_of_their_family(edge: Edge) -> None:
+    # The Responses API's calls about a stored response, and moderations (model optional),
+    # through the openai SDK: relayed with the keys swapped, none captured.
+    tags = {"x-tuneloop-tags": "modelless"}
+    oa = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=edge.key, max_retries=0)
+    stored = oa.responses.retrieve("resp_abc123", extra_headers=tags)
+    assert (stored.id, stored.output_text) == (
+        "resp_abc123",
+        "In a peaceful grove beneath a silver moon...",
+    )
+    items = oa.responses.input_items.list("resp_abc123", limit=5, extra_headers=tags)
+    assert [item.id for item in items.data] == ["msg_abc123"]
+    assert oa.responses.cancel("resp_abc123", extra_headers=tags).status == "cancelled"
+    oa.responses.delete("resp_abc123", extra_headers=tags)  # the SDK returns None for a 200
+    verdict = oa.moderations.create(input="I love you", extra_headers=tags)
+    assert verdict.results[0].flagged is False
+    named = oa.moderations.create(model="gpt-moderation-x", input="hi", extra_headers=tags)
+    assert named.model == "omni-moderation-latest"
+
+    relayed = edge.upstream.received[-6:]
+    assert [seen.path for seen in relayed] == [
+        "/v1/responses/resp_abc123", "/v1/responses/resp_abc123/input_items",
+        "/v1/responses/resp_abc123/cancel", "/v1/responses/resp_abc123",
+        "/v1/moderations", "/v1/moderations",
+    ]  # fmt: skip
+    assert all(
+        seen.headers["authorization"] == "Bearer sk-upstream-openai-0123456789" for seen in relayed
+    )
+    assert relayed[-1].body["model"] == "gpt-moderation-x"
+    # A model that is named is routed as always: one nobody serves is the provider's 404.
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        oa.moderations.create(model="nobody-knows", input="x")
+    # Only those calls: the rest of /v1/responses/... is not a provider call the gateway knows.
+    unknown = httpx.post(
+        f"{edge.url}/v1/responses/resp_abc123/explode",
+        json={},
+        headers={"Authorization": f"Bearer {edge.key}"},
+    )
+    assert unknown.status_code in (404, 405)
+    asyncio.run(asyncio.sleep(1.0))  # room for a sample that should not be there
+    assert edge.samples(tag="modelless") == []
+
+
 def test_embeddings_and_token_counts_are_relayed_but_not_captured(edge: Edge) -> None:
     tags = {"x-tuneloop-tags": "relayed-only"}
     oa = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=edge.key, max_retries=0)
