@@ -1,5 +1,5 @@
-"""Processes of this machine: whether another one is alive, and how this one yields the CPU and
-keeps its collector cheap."""
+"""Processes of this machine: whether another one is alive, and how this one dies with its
+parent, yields the CPU and keeps its collector cheap."""
 
 from __future__ import annotations
 

@@ -156,13 +156,13 @@ class Gateway:
             await self.refuse(outcome, scope, receive, send)
             return
         incoming, tenant, model = outcome
-        if model is not None:
-            route = self.routes.resolve(api, model)
-            refusal = model_not_found(api, model)
-        else:
-            route = self.routes.first(api)
-            refusal = error_response(api, 404, f"no {api} upstream is configured")
+        route = self.routes.resolve(api, model) if model is not None else self.routes.first(api)
         if route is None:
+            refusal = (
+                model_not_found(api, model)
+                if model is not None
+                else error_response(api, 404, f"no {api} upstream is configured")
+            )
             await self.refuse(refusal, scope, receive, send)
             return
         try:
