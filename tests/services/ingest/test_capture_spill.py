@@ -30,9 +30,14 @@ def _spilled(settings: Settings) -> int:
 @pytest.mark.slow
 # process (the default): the gateway journals, its child shipper makes the samples; it gets
 # SIGTERM from the kernel when the gateway is SIGKILLed, and the new gateway starts a new one.
-@pytest.mark.parametrize("capture", ["process", "inline"])
+# inline -> process: a data dir left by a killed inline gateway, taken over by the default mode
+# (an upgrade): what the dead process had journaled or spilled is still stored, once.
+@pytest.mark.parametrize(
+    ("capture", "after"), [("process", "process"), ("inline", "inline"), ("inline", "process")]
+)
 def test_calls_succeed_while_nats_is_away_and_no_sample_is_lost(
     capture: str,
+    after: str,
     private_nats: RunningProcess,
     s3_server: RunningProcess,
     stack_settings: Settings,
@@ -89,6 +94,7 @@ def test_calls_succeed_while_nats_is_away_and_no_sample_is_lost(
             # from one to the other; none may be lost.
             gateway.kill()
             private_nats.start()
+            env["TUNELOOP_INGEST_CAPTURE"] = after
             gateway = RunningProcess(component, tmp_path / "ingest.log", env=env)
             gateway.start()
             assert localstack.wait_until(lambda: stored() == 1 + CALLS_WHILE_AWAY, 90), (
