@@ -99,6 +99,13 @@ def _saved_offset(segment: Segment) -> int:
         return 0
 
 
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
+
+
 class JournalShipper:
     def __init__(
         self,
@@ -141,6 +148,8 @@ class JournalShipper:
         offset = self._offsets.get(segment.path)
         if offset is None:
             offset = _saved_offset(segment)
+        if not closed and _size(segment.path) == offset:
+            return 0  # nothing new: no read (a thread hop) every poll of an idle gateway's segment
         shipped = 0
         while True:
             try:
