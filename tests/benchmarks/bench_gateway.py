@@ -236,6 +236,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="process: samples are stored by a separate persister process")  # fmt: skip
     parser.add_argument("--capture", choices=("inline", "process"), default="process",
                         help="process: the gateway journals calls, a shipper process makes the samples")  # fmt: skip
+    parser.add_argument("--shipper", choices=("child", "external"), default="child",
+                        help="with process capture, child: the service runs it (its default); "
+                             "external: this bench starts it, with a log of its own")  # fmt: skip
     parser.add_argument("--litellm", type=Path, default=BENCH_VENV / "bin" / "litellm")
     parser.add_argument("--no-litellm", action="store_true", help="skip the baseline")
     parser.add_argument("--profile", type=Path, nargs="?", const=ROOT / ".tuneloop" / "bench-profile",
@@ -280,13 +283,12 @@ def main(argv: list[str] | None = None) -> None:
             "TUNELOOP_INGEST_WORKERS": str(args.workers),
             "TUNELOOP_INGEST_PERSISTER": args.persister,
             "TUNELOOP_INGEST_CAPTURE": args.capture,
-            # Started below, with a log of its own, rather than as the service's child.
-            "TUNELOOP_INGEST_SHIPPER": "external",
+            "TUNELOOP_INGEST_SHIPPER": args.shipper,
         }
         ingest = start_ingest(stack, settings, tmp, env)
         if args.persister == "process":
             launch_process(stack, persister_process(settings, tmp / "logs" / "persister.log"))
-        if args.capture == "process":
+        if args.capture == "process" and args.shipper == "external":
             launch_process(stack, shipper_process(settings, tmp / "logs" / "shipper.log"))
         targets = [
             Target("direct", upstream, f"Bearer {UPSTREAM_KEYS['openai']}"),
@@ -303,8 +305,8 @@ def main(argv: list[str] | None = None) -> None:
                 console.print(f"[red]{missing}")
         console.log(
             f"ready after {time.monotonic() - started:.0f}s; tuneloop ingest with "
-            f"{args.workers} worker process(es), capture {args.capture}, persister "
-            f"{args.persister}; load generator: {generator}"
+            f"{args.workers} worker process(es), capture {args.capture} (shipper "
+            f"{args.shipper}), persister {args.persister}; load generator: {generator}"
         )
         bench = Bench(args, body, ingest)
         results = bench.run(targets)
