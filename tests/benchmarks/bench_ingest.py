@@ -74,7 +74,8 @@ class Pipeline:
     # CPU seconds the ingest process (all its threads) used meanwhile: unlike the rates, this
     # barely moves when other processes compete for the cores.
     service_cpu_s: float
-    # Of which the service's child processes (its OTLP mapping pool, extra workers) used.
+    # Of which the service's child processes (its OTLP mapping pool, extra workers, the journal
+    # shipper, idle here) used.
     children_cpu_s: float
     # CPU seconds the whole machine was busy (every process: NATS, S3, the persister, this
     # client): against persisted_s it says whether the run was short of CPU or waiting.
@@ -162,7 +163,7 @@ def _busy_s() -> float:
 
 def _cpu_s(process: psutil.Process) -> tuple[float, float]:
     """User + system CPU seconds of the service with its child processes (OTLP mapping pool,
-    TUNELOOP_INGEST_WORKERS), and of the children alone."""
+    TUNELOOP_INGEST_WORKERS, the journal shipper), and of the children alone."""
     total = children = 0.0
     for member in [process, *process.children(recursive=True)]:
         with contextlib.suppress(psutil.NoSuchProcess):
