@@ -38,7 +38,6 @@ class ShipperChild:
     def __init__(self, *, stop_timeout_s: float = 15.0) -> None:
         self.stop_timeout_s = stop_timeout_s
         self.process: asyncio.subprocess.Process | None = None
-        self.restarts = 0
         self._watcher: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -101,4 +100,3 @@ class ShipperChild:
             )
             delay = min(delay * 2, _MAX_DELAY_S)
             await self._spawn()
-            self.restarts += 1

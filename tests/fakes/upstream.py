@@ -22,7 +22,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.plugins.infra import free_port
+from shared.settings import Settings
+from tests.plugins.infra import free_port, settings_env
 
 UPSTREAM_KEYS = {
     "openai": "sk-upstream-openai-0123456789",
@@ -385,6 +386,15 @@ def upstreams_yaml(base_url: str) -> str:
   - {{name: anthropic, api: anthropic, base_url: "{base_url}", api_key_env: FAKE_ANTHROPIC_KEY, models: ["claude-*"]}}
   - {{name: gemini, api: gemini, base_url: "{base_url}", api_key_env: FAKE_GEMINI_KEY, models: ["gemini-*"]}}
 """
+
+
+def gateway_env(settings: Settings, upstream: FakeUpstream, directory: Path) -> dict[str, str]:
+    """The environment of an ingest process on `settings` that routes every model to the fake
+    (its upstreams file is written to `directory`), with the provider keys the fake expects."""
+    upstreams = directory / "upstreams.yaml"
+    upstreams.write_text(upstreams_yaml(upstream.base_url))
+    env = settings_env(settings) | upstream_key_env()
+    return env | {"TUNELOOP_INGEST_UPSTREAMS_FILE": str(upstreams)}
 
 
 def upstream_key_env() -> dict[str, str]:

@@ -12,8 +12,8 @@ import pytest
 
 from shared import db, localstack
 from shared.settings import Settings
-from tests.fakes.upstream import FakeUpstream, RunningUpstream, upstream_key_env, upstreams_yaml
-from tests.plugins.infra import RunningProcess, make_settings, settings_env
+from tests.fakes.upstream import FakeUpstream, RunningUpstream, gateway_env
+from tests.plugins.infra import RunningProcess, make_settings
 
 ADMIN = {"Authorization": "Bearer tuneloop-dev-admin"}
 
@@ -76,13 +76,7 @@ def edge(
     settings = make_settings(tmp, infra=stack_settings)
     db.migrate(settings.database_url)
     with RunningUpstream() as upstream:
-        upstreams = tmp / "upstreams.yaml"
-        upstreams.write_text(upstreams_yaml(upstream.base_url))
-        env = (
-            settings_env(settings)
-            | upstream_key_env()
-            | {"TUNELOOP_INGEST_UPSTREAMS_FILE": str(upstreams)}
-        )
+        env = gateway_env(settings, upstream, tmp)
         process = RunningProcess(
             localstack.component(settings, "ingest"), tmp / "logs" / "ingest.log", env=env
         )

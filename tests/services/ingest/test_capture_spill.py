@@ -11,10 +11,9 @@ import pytest
 
 from shared import db, localstack
 from shared.settings import Settings
-from tests.fakes.upstream import RunningUpstream, recorded, upstream_key_env, upstreams_yaml
+from tests.fakes.upstream import RunningUpstream, gateway_env, recorded
 from tests.plugins.infra import (
     RunningProcess,
-    settings_env,
     settings_on_private_nats,
 )
 from tests.services.ingest.conftest import ADMIN
@@ -46,13 +45,7 @@ def test_calls_succeed_while_nats_is_away_and_no_sample_is_lost(
     settings = settings_on_private_nats(tmp_path / "svc", private_nats, stack_settings)
     db.migrate(settings.database_url)
     with RunningUpstream() as upstream:
-        upstreams = tmp_path / "upstreams.yaml"
-        upstreams.write_text(upstreams_yaml(upstream.base_url))
-        env = (
-            settings_env(settings)
-            | upstream_key_env()
-            | {"TUNELOOP_INGEST_UPSTREAMS_FILE": str(upstreams), "TUNELOOP_INGEST_CAPTURE": capture}
-        )
+        env = gateway_env(settings, upstream, tmp_path) | {"TUNELOOP_INGEST_CAPTURE": capture}
         component = localstack.component(settings, "ingest")
         gateway = RunningProcess(component, tmp_path / "ingest.log", env=env)
         gateway.start()

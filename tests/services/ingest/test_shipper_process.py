@@ -16,10 +16,9 @@ import pytest
 from services.ingest.journal import journal_dir, segment_id
 from shared import db, localstack
 from shared.settings import Settings
-from tests.fakes.upstream import RunningUpstream, recorded, upstream_key_env, upstreams_yaml
+from tests.fakes.upstream import RunningUpstream, gateway_env, recorded
 from tests.plugins.infra import (
     RunningProcess,
-    settings_env,
     settings_on_private_nats,
     shipper_process,
 )
@@ -50,10 +49,7 @@ def test_calls_journaled_by_the_gateway_are_stored_once_across_a_shipper_kill(
     settings = settings_on_private_nats(tmp_path / "svc", private_nats, stack_settings)
     db.migrate(settings.database_url)
     with RunningUpstream() as upstream:
-        upstreams = tmp_path / "upstreams.yaml"
-        upstreams.write_text(upstreams_yaml(upstream.base_url))
-        env = settings_env(settings) | upstream_key_env() | {
-            "TUNELOOP_INGEST_UPSTREAMS_FILE": str(upstreams),
+        env = gateway_env(settings, upstream, tmp_path) | {
             "TUNELOOP_INGEST_CAPTURE": "process",
             "TUNELOOP_INGEST_SHIPPER": "external",  # this test starts and kills the shipper
         }  # fmt: skip
@@ -136,10 +132,7 @@ def test_the_service_runs_its_shipper_restarts_it_and_takes_it_down_with_it(
     settings = settings_on_private_nats(tmp_path / "svc", private_nats, stack_settings)
     db.migrate(settings.database_url)
     with RunningUpstream() as upstream:
-        upstreams = tmp_path / "upstreams.yaml"
-        upstreams.write_text(upstreams_yaml(upstream.base_url))
-        env = settings_env(settings) | upstream_key_env()
-        env["TUNELOOP_INGEST_UPSTREAMS_FILE"] = str(upstreams)
+        env = gateway_env(settings, upstream, tmp_path)
         gateway = RunningProcess(
             localstack.component(settings, "ingest"), tmp_path / "ingest.log", env=env
         )
