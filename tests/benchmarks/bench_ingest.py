@@ -31,6 +31,7 @@ from rich.table import Table
 
 from services.ingest.genai_spans import spans_to_samples
 from services.ingest.otlp import decode_export
+from shared import accel
 from tests.benchmarks import pyspy
 from tests.benchmarks.otlp_traces import SPANS_PER_TRACE, TraceFactory, export_bodies
 from tests.benchmarks.stack import (
@@ -308,7 +309,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--persister", choices=("inline", "process"), default="inline",
                         help="process: samples are stored by a separate persister process")  # fmt: skip
     parser.add_argument("--profile", type=Path, nargs="?", const=ROOT / ".tuneloop" / "bench-profile",
-                        help="py-spy the ingest process during the last format's run (to DIR)")  # fmt: skip
+                        help="py-spy the ingest process during the last format's run (to DIR); "
+                             "with TUNELOOP_ACCEL=0 it sees into the modules otherwise compiled")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, database)")
     return parser.parse_args(argv)
@@ -357,7 +359,8 @@ def main(argv: list[str] | None = None) -> None:
                         f"{run.client_cpu_s:.2f} s of client CPU, machine busy "
                         f"{run.machine_cpu_s / run.persisted_s:.2f} of {os.cpu_count()} cores)")  # fmt: skip
         console.print(f"\nmachine: {os.cpu_count()} CPUs shared by the service, NATS, S3, SQLite "
-                      "and this client (other processes may be running); samples counted in SQLite")  # fmt: skip
+                      "and this client (other processes may be running); samples counted in SQLite; "
+                      f"{accel.status().describe()} (TUNELOOP_ACCEL=0 runs all from source)")  # fmt: skip
         report(baselines, pipelines, sizes)
         if args.json:
             args.json.write_bytes(orjson.dumps({"baselines": baselines, "pipelines": pipelines},
