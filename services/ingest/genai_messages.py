@@ -434,7 +434,7 @@ def _standard_base64(data: str, path: str) -> str:
     data += "=" * (-len(data) % 4)
     try:
         binascii.a2b_base64(data, strict_mode=True)
-    except binascii.Error:
+    except ValueError:  # binascii.Error, or a non-ASCII character
         raise ContentError(path, "not valid base64") from None
     return data
 

@@ -717,6 +717,12 @@ def test_malformed_content_rejects_that_span_only() -> None:
             },
             "gen_ai.input.messages[0].parts[0].content: not valid base64",
         ),
+        (  # a non-ASCII character: binascii raises a plain ValueError, not binascii.Error
+            {
+                "gen_ai.input.messages": '[{"role": "user", "parts": [{"type": "blob", "content": "\u0080"}]}]'
+            },
+            "gen_ai.input.messages[0].parts[0].content: not valid base64",
+        ),
         (
             {
                 "gen_ai.output.messages": '[{"role": "assistant", "parts": [{"type": "tool_call", "name": "f", "arguments": "{oops"}]}]'
