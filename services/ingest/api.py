@@ -18,7 +18,7 @@ from fastapi import (
     UploadFile,
     status,
 )
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
@@ -27,7 +27,7 @@ from services.ingest import dataset_api, forwarding, samples, traces, uploads
 from services.ingest.formats import UnknownFormat, check_format
 from services.ingest.gateway import PASSTHROUGH_PATHS, gemini_method
 from services.ingest.models import UploadedFile
-from services.ingest.otlp import OtlpDecodeError, OtlpTooLargeError, OtlpUnsupportedError
+from services.ingest.otlp import OtlpDecodeError
 from services.ingest.otlp_workers import MapperUnavailable
 from services.ingest.routing import Api
 from services.ingest.state import Ingest
@@ -131,36 +131,36 @@ async def moderations(request: Request, ingest: IngestDep) -> Response:
 
 @router.post("/v1/traces", tags=["otlp"], summary="OTLP/HTTP trace export (protobuf or JSON, gzip)")
 async def otlp_traces(request: Request, ingest: IngestDep) -> Response:
+    content_type = request.headers.get("content-type")
     try:
         tenant = (await ingest.gateway.authenticate(request)).tenant_id
     except auth.AuthError as exc:
-        return JSONResponse({"code": 16, "message": str(exc)}, status_code=401)
+        return _otlp_failure(traces.failure(401, traces.UNAUTHENTICATED, str(exc), content_type))
     body = await request.body()
     if len(body) > ingest.settings.max_body_bytes:
-        return JSONResponse(
-            {"code": 3, "message": f"body over {ingest.settings.max_body_bytes} bytes"},
-            status_code=413,
-        )
+        message = f"body: over {ingest.settings.max_body_bytes} bytes"
+        return _otlp_failure(traces.failure(413, traces.RESOURCE_EXHAUSTED, message, content_type))
     try:
         outcome = await traces.export_traces(
             ingest.pipeline,
             ingest.otlp,
             body=body,
-            content_type=request.headers.get("content-type", ""),
+            content_type=content_type or "",
             content_encoding=request.headers.get("content-encoding"),
             tenant=tenant,
         )
-    except OtlpUnsupportedError as exc:
-        return JSONResponse({"code": 3, "message": str(exc)}, status_code=415)
-    except OtlpTooLargeError as exc:
-        return JSONResponse({"code": 3, "message": str(exc)}, status_code=413)
-    except OtlpDecodeError as exc:
-        # OTLP/HTTP: a bad request gets 400 with a google.rpc.Status body and must not be retried.
-        return JSONResponse({"code": 3, "message": str(exc)}, status_code=400)
-    except MapperUnavailable as exc:
-        # 503 is one of the codes OTLP/HTTP exporters retry (code 14: UNAVAILABLE).
-        return JSONResponse({"code": 14, "message": str(exc)}, status_code=503)
+    except (OtlpDecodeError, MapperUnavailable) as exc:
+        return _otlp_failure(traces.export_failure(exc, content_type))
     return Response(outcome.body, media_type=outcome.media_type)
+
+
+def _otlp_failure(failure: traces.ExportFailure) -> Response:
+    return Response(
+        failure.body,
+        status_code=failure.status_code,
+        media_type=failure.media_type,
+        headers=failure.headers,
+    )
 
 
 # --- uploads ----------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ import zlib
 
 import orjson
 from google.protobuf import json_format
+from google.rpc.error_details_pb2 import BadRequest
+from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from services.ingest.otlp_json import decode_json_request
@@ -49,6 +51,7 @@ __all__ = [
     "SpanStatus",
     "decode_export",
     "encode_response",
+    "encode_status",
     "media_type",
 ]
 
@@ -94,6 +97,27 @@ def encode_response(rejected_count: int, message: str, content_type: str) -> byt
     if media_type(content_type) == "json":
         return orjson.dumps(json_format.MessageToDict(response))
     return bytes(response.SerializeToString())
+
+
+def encode_status(
+    code: int, message: str, content_type: str | None, *, field: str | None = None
+) -> tuple[bytes, str]:
+    """A failure answer's body and Content-Type: OTLP/HTTP wants a `google.rpc.Status` in the
+    request's encoding for every 4xx and 5xx (JSON when the request's Content-Type is not one
+    of OTLP's, since no other encoding was asked for). `code` is a `google.rpc.Code`; `field`,
+    the path of what made a body bad, goes into a `google.rpc.BadRequest` detail, as the spec
+    suggests for a 400."""
+    status = Status(code=code, message=message)
+    if field is not None:
+        violation = BadRequest.FieldViolation(field=field, description=message)
+        status.details.add().Pack(BadRequest(field_violations=[violation]))
+    try:
+        json = media_type(content_type) == "json"
+    except OtlpUnsupportedError:
+        json = True
+    if json:
+        return orjson.dumps(json_format.MessageToDict(status)), "application/json"
+    return bytes(status.SerializeToString()), "application/x-protobuf"
 
 
 # --- transport --------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ import nats
 import openai
 import psutil
 import pytest
+from google.rpc.error_details_pb2 import BadRequest
+from google.rpc.status_pb2 import Status
 
 from services.ingest.config import IngestSettings
 from services.ingest.otlp_workers import map_export
@@ -494,16 +496,34 @@ def test_otlp_fixtures_and_bad_bodies_get_otlp_answers(edge: Edge) -> None:
         content=b"\x0a\xff\xff",
         headers=headers | {"content-type": "application/x-protobuf"},
     )
+    # Failures are a google.rpc.Status in the request's encoding; a 400 names the bad field.
     assert garbage.status_code == 400
-    assert garbage.json()["message"]
+    assert garbage.headers["content-type"] == "application/x-protobuf"
+    status = Status.FromString(garbage.content)
+    assert status.code == 3
+    assert status.message.startswith("body: not a valid ExportTraceServiceRequest")
+    violations = BadRequest()
+    assert status.details[0].Unpack(violations)
+    assert violations.field_violations[0].field == "body"
+    bad_id = {
+        "resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "abc", "spanId": "00" * 8}]}]}]
+    }
+    bad_json = httpx.post(f"{edge.url}/v1/traces", json=bad_id, headers=headers)
+    assert bad_json.status_code == 400
+    assert bad_json.headers["content-type"] == "application/json"
+    field = "resourceSpans[0].scopeSpans[0].spans[0].traceId"
+    assert bad_json.json()["details"][0]["fieldViolations"][0]["field"] == field
+    assert bad_json.json()["message"].startswith(f"{field}: ")
     wrong_type = httpx.post(
         f"{edge.url}/v1/traces", content=b"{}", headers=headers | {"content-type": "text/plain"}
     )
     assert wrong_type.status_code == 415
+    assert "text/plain" in wrong_type.json()["message"]
     nobody = httpx.post(
-        f"{edge.url}/v1/traces", content=b"{}", headers={"content-type": "application/json"}
+        f"{edge.url}/v1/traces", content=b"", headers={"content-type": "application/x-protobuf"}
     )
     assert nobody.status_code == 401
+    assert Status.FromString(nobody.content).code == 16
 
 
 def test_a_model_the_hoster_deployed_is_routed_to_its_deployment(

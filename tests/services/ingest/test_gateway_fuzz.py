@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 import orjson
+from google.rpc.status_pb2 import Status
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -65,7 +66,9 @@ def test_bad_bodies_get_a_clear_4xx_never_a_5xx(
         timeout=10,
     )
     assert answer.status_code < 500, (answer.status_code, answer.text[:300])
-    if answer.status_code >= 400:
+    if answer.status_code >= 400 and answer.headers["content-type"] == "application/x-protobuf":
+        assert Status.FromString(answer.content).message, answer.content  # OTLP's failure body
+    elif answer.status_code >= 400:
         error = answer.json()
         message = (
             error.get("message") or error.get("error", {}).get("message") or error.get("detail")

@@ -13,6 +13,8 @@ from typing import Any
 import orjson
 import pytest
 from google.protobuf import json_format, text_format
+from google.rpc.error_details_pb2 import BadRequest
+from google.rpc.status_pb2 import Status
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -30,6 +32,7 @@ from services.ingest.otlp import (
     Span,
     decode_export,
     encode_response,
+    encode_status,
 )
 
 JSON, PROTO = "application/json", "application/x-protobuf"
@@ -532,6 +535,37 @@ def test_partial_success_response_in_both_encodings() -> None:
     )
     assert orjson.loads(encode_response(0, "", JSON)) == {}
     assert encode_response(0, "", PROTO) == b""
+
+
+def test_failure_status_in_the_requests_encoding_with_the_bad_field() -> None:
+    path = "resourceSpans[0].scopeSpans[0].spans[3].traceId"
+    body, mime = encode_status(3, f"{path}: not 16 bytes", f"{PROTO}; charset=binary", field=path)
+    assert mime == PROTO
+    status = Status.FromString(body)
+    assert (status.code, status.message) == (3, f"{path}: not 16 bytes")
+    [detail] = status.details
+    bad = BadRequest()
+    assert detail.Unpack(bad)
+    assert [(v.field, v.description) for v in bad.field_violations] == [
+        (path, f"{path}: not 16 bytes")
+    ]
+
+    body, mime = encode_status(3, "x: bad", JSON, field="x")
+    assert mime == JSON
+    assert orjson.loads(body) == {
+        "code": 3,
+        "message": "x: bad",
+        "details": [
+            {
+                "@type": "type.googleapis.com/google.rpc.BadRequest",
+                "fieldViolations": [{"field": "x", "description": "x: bad"}],
+            }
+        ],
+    }
+    # Without a field, no details; an encoding OTLP does not have is answered in JSON.
+    assert orjson.loads(encode_status(16, "no key", JSON)[0]) == {"code": 16, "message": "no key"}
+    assert encode_status(3, "text/plain is not supported", "text/plain")[1] == JSON
+    assert encode_status(3, "no Content-Type", None)[1] == JSON
 
 
 # --- hostile input --------------------------------------------------------------------------------

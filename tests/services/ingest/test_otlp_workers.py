@@ -14,11 +14,13 @@ from pathlib import Path
 
 import orjson
 import pytest
+from google.rpc.status_pb2 import Status
 
 from services.ingest.capture import SpillFile
 from services.ingest.otlp import OtlpDecodeError, OtlpTooLargeError
 from services.ingest.otlp_workers import ExportMapper, MappedExport, MapperUnavailable, map_export
 from services.ingest.pipeline import CapturePipeline
+from services.ingest.traces import export_failure
 from shared import bus
 from shared.bus import EncodedEvent
 from shared.events import SampleCaptured
@@ -130,8 +132,16 @@ def test_a_killed_pool_process_fails_as_retryable_and_a_new_pool_takes_the_next_
     assert pool is not None
     for pid in list(pool._processes):  # type: ignore[attr-defined]  # the pool's own processes
         os.kill(pid, signal.SIGKILL)
-    with pytest.raises(MapperUnavailable, match="send it again"):
+    with pytest.raises(MapperUnavailable, match="send it again") as died:
         _map(mapper, body)
+    # Answered 503 (which exporters retry) with a Retry-After and an UNAVAILABLE Status.
+    answer = export_failure(died.value, PROTOBUF)
+    assert (answer.status_code, answer.headers, answer.media_type) == (
+        503,
+        {"Retry-After": "1"},
+        PROTOBUF,
+    )
+    assert Status.FromString(answer.body).code == 14
     assert _map(mapper, body).samples == 2
     assert mapper._pool is not pool
 
