@@ -1,8 +1,9 @@
-"""The proxy routes, served ahead of FastAPI: the gateway's hot path as plain ASGI.
+"""The proxy routes and the OTLP receiver, served ahead of FastAPI: the hot paths as plain ASGI.
 
 A proxied call needs no framework routing, dependency resolution or per-request span, and on a
 small machine those cost more than the proxying itself. `ProxyEndpoints` answers the three
-provider paths through `Gateway.serve`. The HTTP server hands those calls to it directly
+provider paths through `Gateway.serve`, and `POST /v1/traces` through `TraceReceiver` (an
+export of a trace or two is cheaper to decode than FastAPI's share of it). The HTTP server hands those calls to it directly
 (services.ingest.gateway_protocol); `ProxyRoutes` does the same as middleware in front of the
 app, for any other ASGI server (and the tests' in-process clients). Those calls are excluded
 from FastAPI's tracing (`is_proxy_call`); they are still counted in
@@ -28,8 +29,10 @@ from services.ingest.gateway import (
     model_optional_call,
 )
 from services.ingest.routing import Api
+from services.ingest.traces import TraceReceiver
 from shared.telemetry import Telemetry
 
+OTLP_TRACES = "/v1/traces"
 GEMINI_PREFIX = "/v1beta/models/"
 GEMINI_TEMPLATE = "/v1beta/models/{model_action}"
 _FLUSH_S = 1.0
@@ -43,9 +46,12 @@ def is_proxy_call(scope: MutableMapping[str, Any]) -> bool:
 
 
 def answers(method: str, path: str) -> bool:
-    """Whether a request is one of the proxied provider calls."""
+    """Whether a request is one of the proxied provider calls or an OTLP trace export."""
     if method == "POST" and (
-        path in CAPTURED_PATHS or path in PASSTHROUGH_PATHS or _gemini_model_action(path)
+        path in CAPTURED_PATHS
+        or path in PASSTHROUGH_PATHS
+        or path == OTLP_TRACES
+        or _gemini_model_action(path)
     ):
         return True
     return model_optional_call(method, path) is not None
@@ -74,10 +80,12 @@ class ProxyRoutes:
 
 
 class ProxyEndpoints:
-    """The three provider paths as one raw ASGI app; only ever given calls `answers` accepts."""
+    """The three provider paths and the OTLP receiver as one raw ASGI app; only ever given
+    calls `answers` accepts."""
 
-    def __init__(self, gateway: Gateway, telemetry: Telemetry) -> None:
+    def __init__(self, gateway: Gateway, telemetry: Telemetry, traces: TraceReceiver) -> None:
         self.gateway = gateway
+        self.traces = traces
         self.telemetry = telemetry
         self._counts: Counter[tuple[str, int]] = Counter()
         self._flush_pending = False
@@ -92,6 +100,12 @@ class ProxyEndpoints:
                 status = message["status"]
             await send(message)
 
+        if path == OTLP_TRACES:
+            try:
+                await self.traces(scope, receive, noting_status)
+            finally:
+                self._count(path, status)
+            return
         api: Api | None = CAPTURED_PATHS.get(path) or PASSTHROUGH_PATHS.get(path)
         if api is not None:
             capture = path in CAPTURED_PATHS

@@ -99,7 +99,8 @@ class Gateway:
         self.routes = routes
         self._authenticator = authenticator
         self._capture = capture
-        self._served_by = [(b"x-tuneloop-served-by", served_by.encode())]
+        # Sent with every answer, as the ServedBy middleware does for FastAPI's routes.
+        self.served_by = [(b"x-tuneloop-served-by", served_by.encode())]
         self.client = UpstreamPool(
             connect_timeout_s=settings.upstream_connect_timeout_s,
             read_timeout_s=settings.upstream_read_timeout_s,
@@ -117,6 +118,17 @@ class Gateway:
         if key is None:
             raise MissingKeyError(_MISSING_KEY)
         return await self._authenticator.verify(key)
+
+    async def admit(self, scope: Scope, receive: Receive) -> tuple[str, bytes]:
+        """The caller's tenant and the whole request body, for an endpoint served as raw ASGI
+        beside the proxy (the OTLP receiver). Raises AuthError (a 401) or BodyTooLarge (a 413)
+        before reading more than the limit."""
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        key = _presented_key(headers, scope.get("query_string", b"").decode("latin-1"))
+        if key is None:
+            raise MissingKeyError(_MISSING_KEY)
+        tenant = (await self._authenticator.verify(key)).tenant_id
+        return tenant, await self._body(headers, receive)
 
     async def handle(
         self,
@@ -175,7 +187,7 @@ class Gateway:
                 tenant=tenant,
                 receive=receive,
                 send=send,
-                response_headers=self._served_by,
+                response_headers=self.served_by,
                 capture=self._submit if capture else None,
                 model_from_path=model if api == "gemini" else None,
             )
@@ -246,7 +258,7 @@ class Gateway:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def refuse(self, response: Response, scope: Scope, receive: Receive, send: Send) -> None:
-        response.raw_headers += self._served_by
+        response.raw_headers += self.served_by
         await response(scope, receive, send)
 
     def _submit(self, call: CapturedCall) -> None:

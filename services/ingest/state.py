@@ -24,6 +24,7 @@ from services.ingest.otlp_workers import ExportMapper
 from services.ingest.pipeline import CapturePipeline
 from services.ingest.routing import RoutingTable, load_upstreams
 from services.ingest.shipper_child import ShipperChild
+from services.ingest.traces import TraceReceiver
 from shared import accel, bus
 from shared.auth import CachedAuthenticator
 from shared.events import SampleCaptured
@@ -52,6 +53,8 @@ class Ingest:
     fidelity: FidelityFlusher
     # OTLP exports -> samples, large ones in a pool of processes (otlp_workers.py).
     otlp: ExportMapper
+    # POST /v1/traces, served ahead of FastAPI (traces.py, fastpath.py).
+    traces: TraceReceiver
     # TUNELOOP_INGEST_CAPTURE=process: where proxied calls go for the shipper process.
     shipped_journal: Journal | None = None
     shipper: ShipperChild | None = None  # process capture, TUNELOOP_INGEST_SHIPPER=child
@@ -92,6 +95,9 @@ class Ingest:
             capture=journal.append if shipped else pipeline.submit,
         )
         control_client = forwarding.control_client()
+        mapper = ExportMapper(
+            ingest_settings.otlp_processes, min_bytes=ingest_settings.otlp_process_min_bytes
+        )
         spool_dir = settings.app.data_dir.resolve() / "ingest" / "uploads"
         return cls(
             ingest_settings,
@@ -107,9 +113,8 @@ class Ingest:
             if ingest_settings.persister == "inline"
             else None,
             FidelityFlusher(pipeline.fidelity, engine),
-            ExportMapper(
-                ingest_settings.otlp_processes, min_bytes=ingest_settings.otlp_process_min_bytes
-            ),
+            mapper,
+            TraceReceiver(gateway, pipeline, mapper),
             shipped_journal=journal if shipped else None,
             shipper=ShipperChild() if shipped and ingest_settings.shipper == "child" else None,
         )

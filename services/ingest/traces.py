@@ -2,13 +2,17 @@
 
 The decoding and GenAI mapping live in otlp.py and genai_spans.py and run where otlp_workers.py
 decides (a pool process for a large export); this module hands one request's samples to the
-capture pipeline and words the answer.
+capture pipeline and words the answer. `TraceReceiver` serves `POST /v1/traces` as raw ASGI,
+ahead of FastAPI like the proxied calls (fastpath.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from starlette.types import Receive, Scope, Send
+
+from services.ingest.gateway import BodyTooLarge, Gateway
 from services.ingest.genai_spans import summarize_rejections
 from services.ingest.otlp import (
     OtlpDecodeError,
@@ -20,6 +24,7 @@ from services.ingest.otlp import (
 )
 from services.ingest.otlp_workers import ExportMapper, MapperUnavailable
 from services.ingest.pipeline import CapturePipeline
+from shared.auth import AuthError
 
 # google.rpc.Code values of the failure answers. OTLP clients go by the HTTP status (429, 502,
 # 503 and 504 are retried, every other failure is not); the code is for their logs.
@@ -99,3 +104,61 @@ def export_failure(
     if isinstance(exc, OtlpTooLargeError):
         return failure(413, RESOURCE_EXHAUSTED, str(exc), content_type)
     return failure(400, INVALID_ARGUMENT, str(exc), content_type, field=exc.path)
+
+
+class TraceReceiver:
+    """`POST /v1/traces` as a raw ASGI endpoint. Served ahead of FastAPI (fastpath.py), an
+    export pays no framework routing, dependency resolution, middleware or per-request span:
+    for a small export (an SDK sending a trace or two at a time) those cost more than decoding
+    it. Authenticates like the proxy (any of the SDKs' key headers), reads at most the body
+    limit, and answers every failure as OTLP asks (`export_failure`)."""
+
+    def __init__(self, gateway: Gateway, pipeline: CapturePipeline, mapper: ExportMapper) -> None:
+        self._gateway = gateway
+        self._pipeline = pipeline
+        self._mapper = mapper
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        answer = await self.answer(scope, receive, headers)
+        if isinstance(answer, ExportOutcome):
+            status, body, mime, extra = 200, answer.body, answer.media_type, {}
+        else:
+            status, body, mime, extra = (
+                answer.status_code, answer.body, answer.media_type, answer.headers,
+            )  # fmt: skip
+        raw = [
+            (b"content-type", mime.encode()),
+            (b"content-length", str(len(body)).encode()),
+            *self._gateway.served_by,
+            *((name.lower().encode(), value.encode()) for name, value in extra.items()),
+        ]
+        await send({"type": "http.response.start", "status": status, "headers": raw})
+        await send({"type": "http.response.body", "body": body})
+
+    async def answer(
+        self, scope: Scope, receive: Receive, headers: list[tuple[bytes, bytes]]
+    ) -> ExportOutcome | ExportFailure:
+        content_type = _header(headers, b"content-type")
+        try:
+            tenant, body = await self._gateway.admit(scope, receive)
+        except AuthError as exc:
+            return failure(401, UNAUTHENTICATED, str(exc), content_type)
+        except BodyTooLarge as exc:
+            return failure(413, RESOURCE_EXHAUSTED, str(exc), content_type)
+        try:
+            return await export_traces(
+                self._pipeline,
+                self._mapper,
+                body=body,
+                content_type=content_type or "",
+                content_encoding=_header(headers, b"content-encoding"),
+                tenant=tenant,
+            )
+        except (OtlpDecodeError, MapperUnavailable) as exc:
+            return export_failure(exc, content_type)
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    """The first value of a header (ASGI header names are lower-case)."""
+    return next((value.decode("latin-1") for key, value in headers if key == name), None)

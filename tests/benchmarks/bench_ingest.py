@@ -265,6 +265,22 @@ def warm_up(
     console.log(f"warmed up with {args.warmup} exports of each format")
 
 
+def settle(
+    service: psutil.Process, persister: psutil.Process | None, *, timeout_s: float = 20.0
+) -> None:
+    """Wait until the service and its child processes are idle: the journal shipper it starts
+    spends about a second of CPU importing and connecting, which would land in a short run."""
+    deadline = time.monotonic() + timeout_s
+    before = _cpu_s(service, persister)[0]
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = _cpu_s(service, persister)[0]
+        if now - before < 0.05:  # under a tenth of a core: idle (polls, heartbeats)
+            return
+        before = now
+    console.print(f"[yellow]the service was still busy after {timeout_s:.0f} s; measuring anyway")
+
+
 def start_profile(ingest: Ingest, out: Path) -> tuple[subprocess.Popen[bytes], Path] | None:
     py_spy = ROOT / ".venv-bench" / "bin" / "py-spy"
     if not py_spy.exists():
@@ -347,6 +363,7 @@ def main(argv: list[str] | None = None) -> None:
             assert running.process is not None
             persister = psutil.Process(running.process.pid)
         warm_up(args, factory, ingest, formats)
+        settle(psutil.Process(ingest.pid), persister)
         for encoding in formats:
             run = through_service(ingest, bodies[encoding], encoding,
                                   samples=baselines[encoding].samples, concurrency=args.concurrency,

@@ -289,7 +289,7 @@ def test_embeddings_and_token_counts_are_relayed_but_not_captured(edge: Edge) ->
 
 
 def test_proxied_calls_say_who_served_them_and_are_counted_by_route(edge: Edge) -> None:
-    # The proxy routes are answered ahead of FastAPI (services/ingest/fastpath.py): they must
+    # The proxy routes and /v1/traces are answered ahead of FastAPI (fastpath.py): they must
     # still carry the served-by header and show up in the request counter by route template.
     body = recorded("oa01_tool_calls_multiturn")["request"]["body"]
     answer = httpx.post(
@@ -303,6 +303,13 @@ def test_proxied_calls_say_who_served_them_and_are_counted_by_route(edge: Edge) 
         f"{edge.url}/v1beta/models/gemini-x:explode", json={}, headers={"x-goog-api-key": edge.key}
     )
     assert refused.headers["x-tuneloop-served-by"] == "ingest"
+    # So is the OTLP receiver.
+    export = httpx.post(
+        f"{edge.url}/v1/traces", content=b"", headers={"Authorization": f"Bearer {edge.key}",
+                                                       "content-type": "application/x-protobuf"},
+    )  # fmt: skip
+    assert (export.status_code, export.content) == (200, b"")
+    assert export.headers["x-tuneloop-served-by"] == "ingest"
 
     def counted() -> bool:
         text = httpx.get(f"{edge.url}/metrics").text
@@ -312,6 +319,7 @@ def test_proxied_calls_say_who_served_them_and_are_counted_by_route(edge: Edge) 
             for parts in (
                 ('route="/v1/chat/completions"', 'status="200"', 'method="POST"'),
                 ('route="/v1beta/models/{model_action}"', 'status="404"'),
+                ('route="/v1/traces"', 'status="200"', 'method="POST"'),
             )
         )  # fmt: skip
 
