@@ -1,7 +1,7 @@
 """Ingest benchmark (`make bench-ingest`): OTLP spans -> persisted samples per second, through a
 running ingest service, against the in-process decode+map rate measured in the same run.
 
-    .venv/bin/python -m tests.benchmarks.bench_ingest [--requests 100] [--concurrency 4]
+    .venv/bin/python -m tests.benchmarks.bench_ingest [--requests 100] [--rounds 3]
 
 Agent traces (otlp_traces.py) are encoded as OTLP/JSON and as protobuf export requests of ~500
 spans each, POSTed concurrently to `/v1/traces` of an ingest process (real NATS, S3, SQLite), and
@@ -9,7 +9,9 @@ timed until every resulting sample is in the database. The baseline is
 `otlp.decode_export` + `genai_spans.spans_to_samples` on the same bodies in this process, so the
 ratio shows what the pipeline (HTTP, JetStream publish, persister, SQLite) costs on top. The CPU
 time the ingest process used per run is reported too ("spans per service CPU s"): on a machine
-shared with other work the rates swing, the cost per span much less.
+shared with other work the rates swing, the cost per span much less. Each format is measured in
+`--rounds` rounds of fresh traces, the formats taking turns, and the goal is judged on the median
+round, as bench-gateway does: a few-second stall of the VM hits one round, not all.
 """
 
 from __future__ import annotations
@@ -218,28 +220,38 @@ def _cpu_s(process: psutil.Process, persister: psutil.Process | None) -> tuple[f
     return total, children
 
 
+def median_run(runs: list[Pipeline]) -> Pipeline:
+    """The round with the median persisted rate (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda run: run.spans_per_s)[(len(runs) - 1) // 2]
+
+
 def report(
-    baselines: dict[str, Baseline], pipelines: dict[str, Pipeline], sizes: dict[str, int]
+    baselines: dict[str, list[Baseline]],
+    pipelines: dict[str, list[Pipeline]],
+    sizes: dict[str, int],
 ) -> None:
-    table = Table(title="OTLP spans -> persisted samples (same bodies, same run)")
-    columns = ("format", "spans", "samples", "request body", "in-process decode+map spans/s",
-               "answered spans/s", "persisted spans/s", "persisted samples/s",
-               "service CPU s", "spans per service CPU s", "pipeline / in-process",
-               f"goal >= {GOAL_SPANS_PER_S:,} spans/s")  # fmt: skip
+    rounds = len(next(iter(pipelines.values())))
+    table = Table(title=f"OTLP spans -> persisted samples (median of {rounds} rounds; "
+                        "the baseline on the same bodies, same run)")  # fmt: skip
+    columns = ("format", "spans a round", "samples", "request body",
+               "in-process decode+map spans/s", "answered spans/s", "persisted spans/s",
+               "persisted spans/s, each round", "service CPU s", "spans per service CPU s",
+               "pipeline / in-process", f"goal >= {GOAL_SPANS_PER_S:,} spans/s")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="left" if column == "format" else "right")
-    for encoding, run in pipelines.items():
-        base = baselines[encoding]
-        complete = run.samples_persisted >= run.samples_expected
+    for encoding, runs in pipelines.items():
+        run = median_run(runs)
+        base = sorted(baselines[encoding], key=lambda b: b.spans_per_s)[(rounds - 1) // 2]
+        complete = all(r.samples_persisted >= r.samples_expected for r in runs)
         table.add_row(
             encoding,
             f"{run.spans:,}",
-            f"{run.samples_persisted:,}" + ("" if complete else f" of {run.samples_expected:,}!"),
+            f"{run.samples_persisted:,}" + ("" if complete else " (a round incomplete!)"),
             f"{sizes[encoding] / 1024:.0f} KiB",
             f"{base.spans_per_s:,.0f}",
             f"{run.spans / run.accepted_s:,.0f}",
             f"{run.spans_per_s:,.0f}",
-            f"{run.samples_per_s:,.0f}",
+            " / ".join(f"{r.spans_per_s / 1000:.1f}k" for r in runs),
             f"{run.service_cpu_s:.1f}",
             f"{run.spans_per_cpu_s:,.0f}",
             f"{run.spans_per_s / base.spans_per_s:.2f}x",
@@ -247,9 +259,11 @@ def report(
             f"[red]missed ({run.spans_per_s / GOAL_SPANS_PER_S:.2f}x of goal)",
         )  # fmt: skip
     console.print(table)
-    for encoding, run in pipelines.items():
-        if run.rejected_spans:
-            console.print(f"[red]{encoding}: {run.rejected_spans} spans rejected (partial success)")
+    for encoding, runs in pipelines.items():
+        for number, run in enumerate(runs, 1):
+            if run.rejected_spans:
+                console.print(f"[red]{encoding} round {number}: {run.rejected_spans} spans "
+                              "rejected (partial success)")  # fmt: skip
 
 
 def warm_up(
@@ -313,7 +327,10 @@ def finish_profile(recorder: subprocess.Popen[bytes], out: Path) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=100, help="export requests per format")
+    parser.add_argument("--requests", type=int, default=100,
+                        help="export requests per format and round")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="measured rounds per format; the goal is judged on the median")  # fmt: skip
     parser.add_argument("--traces-per-request", type=int, default=56, help="9 spans each")
     parser.add_argument("--concurrency", type=int, default=4, help="exports in flight")
     parser.add_argument(
@@ -338,18 +355,19 @@ def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
     formats = args.formats.split(",")
     factory = TraceFactory()
-    bodies = {
-        encoding: export_bodies(factory, requests=args.requests,
-                                traces_per_request=args.traces_per_request, encoding=encoding)
-        for encoding in formats
-    }  # fmt: skip
-    sizes = {encoding: sum(map(len, b)) // len(b) for encoding, b in bodies.items()}
-    baselines = {e: in_process(bodies[e], CONTENT_TYPES[e]) for e in formats}
-    for encoding, base in baselines.items():
-        console.log(
-            f"in-process {encoding}: {base.spans_per_s:,.0f} spans/s ({base.samples} samples)"
-        )
-    pipelines: dict[str, Pipeline] = {}
+    # Fresh traces for every round: a sample already stored is not stored again.
+    bodies = [
+        {encoding: export_bodies(factory, requests=args.requests,
+                                 traces_per_request=args.traces_per_request, encoding=encoding)
+         for encoding in formats}
+        for _ in range(args.rounds)
+    ]  # fmt: skip
+    sizes = {encoding: sum(map(len, b)) // len(b) for encoding, b in bodies[0].items()}
+    baselines = {e: [in_process(r[e], CONTENT_TYPES[e]) for r in bodies] for e in formats}
+    for encoding, bases in baselines.items():
+        rates = " / ".join(f"{base.spans_per_s:,.0f}" for base in bases)
+        console.log(f"in-process {encoding}: {rates} spans/s ({bases[0].samples} samples a round)")
+    pipelines: dict[str, list[Pipeline]] = {encoding: [] for encoding in formats}
     with workdir(args.keep) as tmp, contextlib.ExitStack() as stack:
         console.log("starting NATS, S3 and the ingest service")
         settings = start_infra(stack, tmp)
@@ -364,12 +382,12 @@ def main(argv: list[str] | None = None) -> None:
             persister = psutil.Process(running.process.pid)
         warm_up(args, factory, ingest, formats)
         settle(psutil.Process(ingest.pid), persister)
-        for encoding in formats:
-            run = through_service(ingest, bodies[encoding], encoding,
-                                  samples=baselines[encoding].samples, concurrency=args.concurrency,
-                                  persister=persister)  # fmt: skip
-            pipelines[encoding] = run
-            console.log(f"service {encoding}: {run.spans_per_s:,.0f} spans/s persisted "
+        for number, encoding in ((n, e) for n in range(args.rounds) for e in formats):
+            run = through_service(ingest, bodies[number][encoding], encoding,
+                                  samples=baselines[encoding][number].samples,
+                                  concurrency=args.concurrency, persister=persister)  # fmt: skip
+            pipelines[encoding].append(run)
+            console.log(f"round {number + 1}, {encoding}: {run.spans_per_s:,.0f} spans/s persisted "
                         f"({run.samples_persisted} samples in {run.persisted_s:.1f}s, "
                         f"{run.service_cpu_s:.1f} s of service CPU ({run.children_cpu_s:.1f} in "
                         f"its child processes{' and the persister' if persister else ''}), "
