@@ -84,6 +84,9 @@ class Pipeline:
     # CPU seconds the whole machine was busy (every process: NATS, S3, the persister, this
     # client): against persisted_s it says whether the run was short of CPU or waiting.
     machine_cpu_s: float
+    # Of which the hypervisor gave to other guests (steal time): when the VM is in one of its
+    # slow phases, this shows whether it was short of cores or slower on the ones it had.
+    stolen_cpu_s: float
     # CPU seconds this process (the load generator) used to send the exports.
     client_cpu_s: float
 
@@ -184,7 +187,7 @@ def through_service(
     before = ingest.count_samples("otlp")
     service = psutil.Process(ingest.pid)
     cpu_before = _cpu_s(service, persister)
-    machine_before = _busy_s()
+    machine_before, stolen_before = _busy_s(), _stolen_s()
     start, client_before = time.monotonic(), time.process_time()
     rejected = asyncio.run(_post_all(ingest, bodies, encoding, concurrency))
     accepted, client = time.monotonic(), time.process_time() - client_before
@@ -192,12 +195,16 @@ def through_service(
         lambda: ingest.count_samples("otlp") - before, samples, timeout_s=120
     )
     cpu, children = (a - b for a, b in zip(_cpu_s(service, persister), cpu_before, strict=True))
-    machine = _busy_s() - machine_before
+    machine, stolen = _busy_s() - machine_before, _stolen_s() - stolen_before
     spans = samples * SPANS_PER_TRACE
     return Pipeline(
         spans, samples, persisted, rejected, accepted - start, at - start, cpu, children, machine,
-        client,
+        stolen, client,
     )  # fmt: skip
+
+
+def _stolen_s() -> float:
+    return float(getattr(psutil.cpu_times(), "steal", 0.0))
 
 
 def _busy_s() -> float:
@@ -392,7 +399,9 @@ def main(argv: list[str] | None = None) -> None:
                         f"{run.service_cpu_s:.1f} s of service CPU ({run.children_cpu_s:.1f} in "
                         f"its child processes{' and the persister' if persister else ''}), "
                         f"{run.client_cpu_s:.2f} s of client CPU, machine busy "
-                        f"{run.machine_cpu_s / run.persisted_s:.2f} of {os.cpu_count()} cores)")  # fmt: skip
+                        f"{run.machine_cpu_s / run.persisted_s:.2f} of {os.cpu_count()} cores, "
+                        f"{run.stolen_cpu_s / run.persisted_s:.2f} of them stolen by the "
+                        "hypervisor)")  # fmt: skip
         console.print(f"\nmachine: {os.cpu_count()} CPUs shared by the service, NATS, S3, SQLite "
                       "and this client (other processes may be running); samples counted in SQLite; "
                       f"{accel.status().describe()} (TUNELOOP_ACCEL=0 runs all from source)")  # fmt: skip
