@@ -152,8 +152,11 @@ def stream_config(stream: Stream, settings: NatsSettings) -> StreamConfig:
     )
 
 
-async def declare_streams(js: JetStreamContext, settings: NatsSettings) -> None:
-    """Create every stream, or bring an existing one to the declared limits. Safe to run concurrently."""
+async def declare_streams(connection: NatsClient, settings: NatsSettings) -> None:
+    """Create every stream, or bring an existing one to the declared limits. Safe to run
+    concurrently. A server that cannot carry a stream's largest message is named in the log."""
+    check_payload_limit(connection, settings)
+    js = connection.jetstream()
     for stream in STREAMS:
         config = stream_config(stream, settings)
         try:
@@ -162,6 +165,27 @@ async def declare_streams(js: JetStreamContext, settings: NatsSettings) -> None:
             if exc.err_code != _STREAM_NAME_IN_USE:
                 raise
             await js.update_stream(config)
+
+
+def check_payload_limit(connection: NatsClient, settings: NatsSettings) -> bool:
+    """Whether the server takes messages as large as every stream allows; if not, says so at
+    ERROR with the setting to change. nats-server's default payload limit (1 MB) is below the
+    samples stream's 8 MB and is set only in its config file: on such a server a larger sample
+    is refused by the client, kept in the spill file, and refused again at every replay."""
+    needed = max(STREAMS, key=lambda stream: stream.max_msg_size)
+    if connection.max_payload >= needed.max_msg_size:
+        return True
+    log.error(
+        "NATS at %s takes messages of at most %d bytes, less than stream %s allows (%d): "
+        "larger events are refused and samples among them wait in the spill file. Set "
+        "`max_payload: %d` in the server's config (the local stack's nats.conf does).",
+        urlsplit(settings.url).netloc.rpartition("@")[2],  # host:port, never credentials
+        connection.max_payload,
+        needed.name,
+        needed.max_msg_size,
+        needed.max_msg_size,
+    )
+    return False
 
 
 async def publish(broker: NatsBroker, event: Event, *, timeout_s: float = 5.0) -> None:

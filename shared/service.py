@@ -70,7 +70,7 @@ class ServiceRuntime:
             db.wait_until_ready, self.engine, timeout_s=self.settings.nats.connect_timeout_s
         )
         await bus.connect(self.broker, self.settings.nats)
-        await bus.declare_streams(self.broker.connection.jetstream(), self.settings.nats)
+        await bus.declare_streams(self.broker.connection, self.settings.nats)
         await self.broker.start()
         self.presence.start(self.broker)
         started: list[Hook] = []

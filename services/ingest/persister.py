@@ -33,7 +33,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     await asyncio.to_thread(db.wait_until_ready, engine, timeout_s=settings.nats.connect_timeout_s)
     await bus.connect(broker, settings.nats)
     assert broker.connection is not None
-    await bus.declare_streams(broker.connection.jetstream(), settings.nats)
+    await bus.declare_streams(broker.connection, settings.nats)
     persister = handlers.sample_persister(broker=broker, engine=engine)
     await persister.start()
     settle_heap(batch=True)  # start-up is done: its objects leave the collector's scans

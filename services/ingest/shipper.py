@@ -222,7 +222,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     await asyncio.to_thread(store.wait_until_ready)
     await bus.connect(broker, settings.nats)
     assert broker.connection is not None
-    await bus.declare_streams(broker.connection.jetstream(), settings.nats)
+    await bus.declare_streams(broker.connection, settings.nats)
 
     async def publish(event: SampleCaptured) -> None:
         await bus.publish(broker, event)

@@ -1,6 +1,8 @@
 """The bus against a real nats-server with JetStream: streams, publish, durable consumption, redelivery."""
 
 import asyncio
+import dataclasses
+import logging
 import uuid
 from pathlib import Path
 
@@ -8,7 +10,7 @@ import nats
 import pytest
 from faststream.nats import NatsBroker
 
-from shared import bus
+from shared import bus, localstack
 from shared.chat import Sample
 from shared.events import JOBS, SAMPLES, STREAMS, JobQueued, SampleCaptured
 from shared.settings import NatsSettings, Settings
@@ -27,7 +29,7 @@ def _tenant() -> str:
 async def _started(settings: NatsSettings, service: str) -> NatsBroker:
     broker = bus.make_broker(settings, service=service)
     await bus.connect(broker, settings)
-    await bus.declare_streams(broker.connection.jetstream(), settings)
+    await bus.declare_streams(broker.connection, settings)
     return broker
 
 
@@ -43,8 +45,8 @@ async def test_streams_are_declared_with_limits_and_redeclaring_is_harmless(
     nc = await nats.connect(nats_settings.url)
     try:
         js = nc.jetstream()
-        await bus.declare_streams(js, nats_settings)
-        await bus.declare_streams(js, nats_settings)  # a second service starting up
+        await bus.declare_streams(nc, nats_settings)
+        await bus.declare_streams(nc, nats_settings)  # a second service starting up
         for stream in STREAMS:
             info = await js.stream_info(stream.name)
             assert info.config.subjects == stream.subjects
@@ -52,11 +54,44 @@ async def test_streams_are_declared_with_limits_and_redeclaring_is_harmless(
             assert info.config.max_msg_size == stream.max_msg_size
             assert info.config.duplicate_window == pytest.approx(stream.duplicate_window_s)
         half = nats_settings.stream_max_bytes // 2
-        await bus.declare_streams(js, nats_settings.model_copy(update={"stream_max_bytes": half}))
+        await bus.declare_streams(nc, nats_settings.model_copy(update={"stream_max_bytes": half}))
         assert (await js.stream_info(JOBS.name)).config.max_bytes == half
-        await bus.declare_streams(js, nats_settings)
+        await bus.declare_streams(nc, nats_settings)
     finally:
         await nc.close()
+
+
+async def test_a_server_that_cannot_carry_a_streams_largest_message_is_named_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # nats-server as a deployment might run it: no config file, so its 1 MB default payload
+    # limit, below the samples stream's 8 MB.
+    settings = make_settings(tmp_path)
+    configured = localstack.component(settings, "nats")
+    at = configured.argv.index("-c")
+    argv = configured.argv[:at] + configured.argv[at + 2 :]
+    server = RunningProcess(dataclasses.replace(configured, argv=argv, prepare=None),
+                            tmp_path / "logs" / "nats.log")  # fmt: skip
+    server.start()
+    url = settings.nats.url.replace("nats://", "nats://user:hunter2secret@")
+    try:
+        nc = await nats.connect(settings.nats.url)
+        try:
+            assert nc.max_payload == 1024 * 1024
+            with caplog.at_level(logging.ERROR, logger="tuneloop.bus"):
+                await bus.declare_streams(nc, settings.nats.model_copy(update={"url": url}))
+            assert not bus.check_payload_limit(nc, settings.nats)
+        finally:
+            await nc.close()
+    finally:
+        server.stop()
+    [record] = [r for r in caplog.records if r.name == "tuneloop.bus"][:1]
+    message = record.getMessage()
+    assert f"at most {1024 * 1024} bytes" in message
+    assert f"stream {SAMPLES.name} allows ({SAMPLES.max_msg_size})" in message
+    assert f"`max_payload: {SAMPLES.max_msg_size}`" in message
+    assert "hunter2secret" not in message
+    assert f"127.0.0.1:{settings.nats.port}" in message
 
 
 async def test_published_event_reaches_a_durable_subscriber_as_the_same_class(
@@ -169,7 +204,7 @@ async def test_events_published_together_without_nats_each_report_their_error(
     assert [type(outcome) for outcome in outcomes] == [TimeoutError] * 3
     private_nats.start()
     await _wait_for(lambda: producer.connection.is_connected, 15)
-    await bus.declare_streams(producer.connection.jetstream(), settings)  # a fresh server
+    await bus.declare_streams(producer.connection, settings)  # a fresh server
     assert await bus.publish_many(producer, events) == [None] * 3
     await producer.stop()
     # A stopped broker: every event fails at once, none raises.

@@ -27,7 +27,7 @@ def nats_settings(nats_server: RunningProcess, stack_settings: Settings) -> Nats
 async def _started(settings: NatsSettings, service: str) -> NatsBroker:
     broker = bus.make_broker(settings, service=service)
     await bus.connect(broker, settings)
-    await bus.declare_streams(broker.connection.jetstream(), settings)
+    await bus.declare_streams(broker.connection, settings)
     return broker
 
 

@@ -41,7 +41,7 @@ def _sample(i: int) -> Sample:
 async def _publish_backlog(settings: Settings) -> None:
     broker = bus.make_broker(settings.nats, service="test-producer")
     await bus.connect(broker, settings.nats)
-    await bus.declare_streams(broker.connection.jetstream(), settings.nats)
+    await bus.declare_streams(broker.connection, settings.nats)
     try:
         for start in range(0, TOTAL, 50):
             events = [_sample(i) for i in range(start, min(start + 50, TOTAL))]

@@ -238,7 +238,7 @@ async def test_the_persister_stores_events_and_terminates_a_poison_one(
     tenant = f"t{uuid.uuid4().hex[:10]}"
     broker = bus.make_broker(nats, service="persister-test")
     await bus.connect(broker, nats)
-    await bus.declare_streams(broker.connection.jetstream(), nats)
+    await bus.declare_streams(broker.connection, nats)
     persister = sample_persister(broker=broker, engine=db_engine)
     caplog.set_level(logging.WARNING, logger="tuneloop.bus")
     samples = [_sample(tenant=tenant, ref=f"trace/{i}") for i in range(50)]
