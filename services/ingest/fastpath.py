@@ -3,9 +3,10 @@
 A proxied call needs no framework routing, dependency resolution or per-request span, and on a
 small machine those cost more than the proxying itself. `ProxyEndpoints` answers the three
 provider paths through `Gateway.serve`, and `POST /v1/traces` through `TraceReceiver` (an
-export of a trace or two is cheaper to decode than FastAPI's share of it). The HTTP server hands those calls to it directly
-(services.ingest.gateway_protocol); `ProxyRoutes` does the same as middleware in front of the
-app, for any other ASGI server (and the tests' in-process clients). Those calls are excluded
+export of a trace or two is cheaper to decode than FastAPI's share of it). The HTTP server
+hands those calls to it directly (services.ingest.gateway_protocol); `ProxyRoutes` does the
+same as middleware in front of the app, for any other ASGI server (and the tests' in-process
+clients). Those calls are excluded
 from FastAPI's tracing (`is_proxy_call`); they are still counted in
 `http_server_requests_total` (by route template, in batches: one counter update per second and
 label set instead of one per call) and still carry `x-tuneloop-served-by`.

@@ -113,7 +113,8 @@ class Gateway:
     async def authenticate(self, request: Request) -> Principal:
         """The caller's principal (cached; a miss asks the database in a worker thread, never
         on the event loop); raises AuthError saying what is wrong. For the routes FastAPI
-        serves (uploads, traces, samples); the proxy path does the same inside `serve`."""
+        serves (uploads, samples); the proxy path and the OTLP receiver do the same in `serve`
+        and `admit`."""
         key = presented_key(request)
         if key is None:
             raise MissingKeyError(_MISSING_KEY)
