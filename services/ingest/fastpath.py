@@ -6,10 +6,9 @@ provider paths through `Gateway.serve`, and `POST /v1/traces` through `TraceRece
 export of a trace or two is cheaper to decode than FastAPI's share of it). The HTTP server
 hands those calls to it directly (services.ingest.gateway_protocol); `ProxyRoutes` does the
 same as middleware in front of the app, for any other ASGI server (and the tests' in-process
-clients). Those calls are excluded
-from FastAPI's tracing (`is_proxy_call`); they are still counted in
-`http_server_requests_total` (by route template, in batches: one counter update per second and
-label set instead of one per call) and still carry `x-tuneloop-served-by`.
+clients). Those calls are excluded from FastAPI's tracing (`is_proxy_call`); they are still
+counted in `http_server_requests_total` (by route template, in batches: one counter update per
+second and label set instead of one per call) and still carry `x-tuneloop-served-by`.
 """
 
 from __future__ import annotations

@@ -121,8 +121,8 @@ class Gateway:
         return await self._authenticator.verify(key)
 
     async def admit(self, scope: Scope, receive: Receive) -> tuple[str, bytes]:
-        """The caller's tenant and the whole request body, for an endpoint served as raw ASGI
-        beside the proxy (the OTLP receiver). Raises AuthError (a 401) or BodyTooLarge (a 413)
+        """The caller's tenant and the whole request body, for the raw ASGI endpoints (the
+        proxy's `_prepare`, the OTLP receiver). Raises AuthError (a 401) or BodyTooLarge (a 413)
         before reading more than the limit."""
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         key = _presented_key(headers, scope.get("query_string", b"").decode("latin-1"))
@@ -217,15 +217,10 @@ class Gateway:
             query=scope.get("query_string", b"").decode("latin-1"),
             headers=headers,
         )
-        key = _presented_key(headers, incoming.query)
-        if key is None:
-            return error_response(api, 401, _MISSING_KEY)
         try:
-            tenant = (await self._authenticator.verify(key)).tenant_id
-        except AuthError as exc:
+            tenant, incoming.body = await self.admit(scope, receive)
+        except AuthError as exc:  # a missing key included
             return error_response(api, 401, str(exc))
-        try:
-            incoming.body = await self._body(headers, receive)
         except BodyTooLarge as exc:
             return error_response(api, 413, str(exc))
         if model is None and (incoming.body or not model_optional):

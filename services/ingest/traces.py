@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from google.rpc.code_pb2 import INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAUTHENTICATED, UNAVAILABLE
 from starlette.types import Receive, Scope, Send
 
 from services.ingest.gateway import BodyTooLarge, Gateway
@@ -26,12 +27,9 @@ from services.ingest.otlp_workers import ExportMapper, MapperUnavailable
 from services.ingest.pipeline import CapturePipeline
 from shared.auth import AuthError
 
-# google.rpc.Code values of the failure answers. OTLP clients go by the HTTP status (429, 502,
-# 503 and 504 are retried, every other failure is not); the code is for their logs.
-INVALID_ARGUMENT = 3
-RESOURCE_EXHAUSTED = 8
-UNAVAILABLE = 14
-UNAUTHENTICATED = 16
+# The failure answers' google.rpc.Code values (INVALID_ARGUMENT, ...): OTLP clients go by the
+# HTTP status (429, 502, 503 and 504 are retried, every other failure is not); the code is for
+# their logs.
 # What a 503 asks an exporter to wait before sending the export again: a mapping process is
 # replaced within a second or two.
 RETRY_AFTER_S = 1

@@ -85,8 +85,7 @@ async def test_a_server_that_cannot_carry_a_streams_largest_message_is_named_at_
             await nc.close()
     finally:
         server.stop()
-    [record] = [r for r in caplog.records if r.name == "tuneloop.bus"][:1]
-    message = record.getMessage()
+    message = next(r.getMessage() for r in caplog.records if r.name == "tuneloop.bus")
     assert f"at most {1024 * 1024} bytes" in message
     assert f"stream {SAMPLES.name} allows ({SAMPLES.max_msg_size})" in message
     assert f"`max_payload: {SAMPLES.max_msg_size}`" in message
