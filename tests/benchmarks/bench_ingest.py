@@ -89,6 +89,9 @@ class Pipeline:
     stolen_cpu_s: float
     # CPU seconds this process (the load generator) used to send the exports.
     client_cpu_s: float
+    # CPU seconds nats-server used (JetStream publish, store, delivery): with the service's and
+    # the client's, what the run's busy cores were spent on.
+    nats_cpu_s: float
 
     @property
     def spans_per_s(self) -> float:
@@ -187,6 +190,7 @@ def through_service(
     before = ingest.count_samples("otlp")
     service = psutil.Process(ingest.pid)
     cpu_before = _cpu_s(service, persister)
+    nats_before = _nats_cpu_s()
     machine_before, stolen_before = _busy_s(), _stolen_s()
     start, client_before = time.monotonic(), time.process_time()
     rejected = asyncio.run(_post_all(ingest, bodies, encoding, concurrency))
@@ -196,11 +200,23 @@ def through_service(
     )
     cpu, children = (a - b for a, b in zip(_cpu_s(service, persister), cpu_before, strict=True))
     machine, stolen = _busy_s() - machine_before, _stolen_s() - stolen_before
+    nats = _nats_cpu_s() - nats_before
     spans = samples * SPANS_PER_TRACE
     return Pipeline(
         spans, samples, persisted, rejected, accepted - start, at - start, cpu, children, machine,
-        stolen, client,
+        stolen, client, nats,
     )  # fmt: skip
+
+
+def _nats_cpu_s() -> float:
+    """User + system CPU seconds of the nats-server this benchmark started (its child)."""
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.name() == "nats-server":
+                times = child.cpu_times()
+                total += times.user + times.system
+    return total
 
 
 def _stolen_s() -> float:
@@ -398,6 +414,7 @@ def main(argv: list[str] | None = None) -> None:
                         f"({run.samples_persisted} samples in {run.persisted_s:.1f}s, "
                         f"{run.service_cpu_s:.1f} s of service CPU ({run.children_cpu_s:.1f} in "
                         f"its child processes{' and the persister' if persister else ''}), "
+                        f"{run.nats_cpu_s:.2f} s of nats-server CPU, "
                         f"{run.client_cpu_s:.2f} s of client CPU, machine busy "
                         f"{run.machine_cpu_s / run.persisted_s:.2f} of {os.cpu_count()} cores, "
                         f"{run.stolen_cpu_s / run.persisted_s:.2f} of them stolen by the "
