@@ -31,6 +31,10 @@ class IngestSettings(BaseSettings):
     upstream_connect_timeout_s: float = Field(default=10.0, gt=0)
     upstream_read_timeout_s: float = Field(default=600.0, gt=0)
     upstream_max_connections: int = Field(default=512, ge=1)
+    # A pooled upstream connection idle this long is not reused. Below the 5 s after which
+    # uvicorn (vLLM's server, so our own deployments) and Node close an idle connection: one
+    # the server is closing as the next request goes out loses that request (a 502).
+    upstream_idle_s: float = Field(default=4.0, gt=0)
     # Request bodies larger than this get 413 (images inline make 20 MB plausible).
     max_body_bytes: int = Field(default=32 * 1024**2, ge=1024)
     # Captured calls waiting to be normalised and published; beyond this they go to the spill file.

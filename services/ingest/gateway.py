@@ -105,6 +105,7 @@ class Gateway:
             connect_timeout_s=settings.upstream_connect_timeout_s,
             read_timeout_s=settings.upstream_read_timeout_s,
             max_connections=settings.upstream_max_connections,
+            idle_s=settings.upstream_idle_s,
         )
 
     async def aclose(self) -> None:

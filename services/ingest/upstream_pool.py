@@ -16,8 +16,8 @@ What a caller can rely on:
   `read_timeout_s`; it returns None at the end of the answer.
 - At most `max_connections` calls hold a connection at once; more wait for one.
 - A connection goes back to the pool only after a complete answer that allows keep-alive, and
-  is not reused once idle for `idle_s` (servers drop idle connections; a request written into
-  one being closed would be lost).
+  is not reused once idle for `idle_s` (servers drop idle connections, uvicorn and Node after
+  5 s; a request written into one being closed would be lost).
 """
 
 from __future__ import annotations
@@ -302,7 +302,7 @@ class UpstreamPool:
         connect_timeout_s: float,
         read_timeout_s: float,
         max_connections: int,
-        idle_s: float = 15.0,
+        idle_s: float = 4.0,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.connect_timeout_s = connect_timeout_s

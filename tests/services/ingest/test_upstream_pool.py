@@ -11,12 +11,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import uvicorn
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from sqlalchemy import create_engine
 
+from services.ingest.config import IngestSettings
+from services.ingest.gateway import Gateway
+from services.ingest.routing import RoutingTable
 from services.ingest.upstream_pool import UpstreamError, UpstreamPool, split_base_url
+from shared.auth import CachedAuthenticator
 
 JSON = b'{"ok":true}'
 SIZED = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n" + JSON
@@ -93,7 +99,7 @@ def pool(**overrides: float) -> UpstreamPool:
         connect_timeout_s=options["connect_timeout_s"],
         read_timeout_s=options["read_timeout_s"],
         max_connections=int(options["max_connections"]),
-        idle_s=options.get("idle_s", 15.0),
+        idle_s=options.get("idle_s", 4.0),
     )
 
 
@@ -272,6 +278,30 @@ async def test_an_idle_connection_is_not_reused_after_idle_s(serve: Serve) -> No
     assert await call(upstreams, server) == (200, JSON)
     await upstreams.aclose()
     assert server.connections == 2
+
+
+def test_idle_connections_are_given_up_before_uvicorn_closes_them() -> None:
+    # uvicorn serves vLLM (so our own deployments) and the tests' fake upstream. A connection it
+    # closes for idleness just as the next request goes out loses that request as a 502
+    # (`connection closed`): it happened in CI when the pool kept connections for 15 s.
+    keep_alive = uvicorn.Config(app=None).timeout_keep_alive
+    assert IngestSettings().upstream_idle_s < keep_alive
+    assert UpstreamPool(connect_timeout_s=1, read_timeout_s=1, max_connections=1).idle_s == (
+        IngestSettings().upstream_idle_s
+    )
+
+
+def test_the_gateway_pools_upstream_connections_as_configured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TUNELOOP_INGEST_UPSTREAM_IDLE_S", "2.5")
+    gateway = Gateway(
+        settings=IngestSettings(),
+        routes=RoutingTable(upstreams=[]),
+        authenticator=CachedAuthenticator(create_engine("sqlite://")),
+        capture=lambda call: None,
+    )
+    assert gateway.client.idle_s == 2.5
 
 
 async def test_a_connection_the_upstream_closed_while_idle_is_not_reused(serve: Serve) -> None:
