@@ -283,7 +283,7 @@ async def test_an_idle_connection_is_not_reused_after_idle_s(serve: Serve) -> No
 def test_idle_connections_are_given_up_before_uvicorn_closes_them() -> None:
     # uvicorn serves vLLM (so our own deployments) and the tests' fake upstream. A connection it
     # closes for idleness just as the next request goes out loses that request as a 502
-    # (`connection closed`): it happened in CI when the pool kept connections for 15 s.
+    # (`connection closed`): a make test run hit it when the pool kept connections for 15 s.
     keep_alive = uvicorn.Config(app=None).timeout_keep_alive
     assert IngestSettings().upstream_idle_s < keep_alive
     assert UpstreamPool(connect_timeout_s=1, read_timeout_s=1, max_connections=1).idle_s == (
