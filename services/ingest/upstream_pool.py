@@ -302,7 +302,7 @@ class UpstreamPool:
         connect_timeout_s: float,
         read_timeout_s: float,
         max_connections: int,
-        idle_s: float = 4.0,
+        idle_s: float,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.connect_timeout_s = connect_timeout_s

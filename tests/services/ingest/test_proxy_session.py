@@ -54,7 +54,7 @@ async def test_cookies_an_upstream_sets_reach_the_caller_and_never_the_next_call
     cookie_setting_upstream: tuple[str, list[str | None]],
 ) -> None:
     base_url, seen = cookie_setting_upstream
-    pool = UpstreamPool(connect_timeout_s=5, read_timeout_s=5, max_connections=4)
+    pool = UpstreamPool(connect_timeout_s=5, read_timeout_s=5, max_connections=4, idle_s=4)
     try:
         for call in (1, 2, 3):
             answer = await pool.request("POST", base_url, "/v1/chat/completions", [], b"{}")

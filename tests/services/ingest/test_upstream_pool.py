@@ -286,9 +286,6 @@ def test_idle_connections_are_given_up_before_uvicorn_closes_them() -> None:
     # (`connection closed`): a make test run hit it when the pool kept connections for 15 s.
     keep_alive = uvicorn.Config(app=None).timeout_keep_alive
     assert IngestSettings().upstream_idle_s < keep_alive
-    assert UpstreamPool(connect_timeout_s=1, read_timeout_s=1, max_connections=1).idle_s == (
-        IngestSettings().upstream_idle_s
-    )
 
 
 def test_the_gateway_pools_upstream_connections_as_configured(
@@ -330,6 +327,7 @@ async def test_https_upstreams_are_verified_and_sent_the_host_name(
         connect_timeout_s=5,
         read_timeout_s=5,
         max_connections=2,
+        idle_s=4,
         ssl_context=ssl.create_default_context(cafile=str(authority)),
     )
     assert await call(trusting, server) == (200, JSON)
