@@ -38,17 +38,23 @@ def die_with_parent(parent_pid: int, sig: signal.Signals = signal.SIGTERM) -> No
         os._exit(1)
 
 
-CpuClass = Literal["idle", "nice", "normal"]
+CpuClass = Literal["idle", "nice", "batch", "normal"]
 
 
 def lower_cpu_priority(cpu_class: CpuClass) -> None:
     """Put this process behind the machine's latency-sensitive work, for background processes
     that can catch up later. "idle" (Linux SCHED_IDLE) runs it only on a core nothing else
     wants, and a woken normal process takes the core from it at once; "nice" (nice 10) only
-    weighs it down, so it still takes its share of a busy core. Threads started afterwards
-    inherit the class: call it first thing."""
+    weighs it down, so it still takes its share of a busy core. "batch" (Linux SCHED_BATCH)
+    keeps its full share but marks it CPU-bound: when it wakes it does not preempt the process
+    on the core, so processes working through batches on shared cores switch less often.
+    Threads started afterwards inherit the class: call it first thing. A process already idle
+    stays idle (it is lower than batch, and leaving SCHED_IDLE takes privileges)."""
     if cpu_class == "idle":
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    elif cpu_class == "batch":
+        if os.sched_getscheduler(0) == os.SCHED_OTHER:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     elif cpu_class == "nice":
         os.nice(10)
 

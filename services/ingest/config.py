@@ -60,6 +60,11 @@ class IngestSettings(BaseSettings):
     # gateway's event loop; 0 maps them in the service process (a thread for large ones).
     otlp_processes: int = Field(default_factory=lambda: min(_usable_cpus(), 4), ge=0, le=64)
     otlp_process_min_bytes: int = Field(default=64 * 1024, ge=0)
+    # The OTLP pool's CPU class (shared.processes). batch: a full share of the cores, but a pool
+    # process that wakes does not preempt the one running, so the busy processes of a loaded
+    # 2-core machine (the pool's, the service's, NATS) switch less: in bench-ingest ~2-3 % more
+    # spans/s than normal, in 12 of 16 paired runs (docs/ingest.md).
+    otlp_cpu: CpuClass = "batch"
     # The shipper and persister processes run in this CPU class (shared.processes), so on a
     # machine they share with the gateway a call never waits for their batches: they catch up
     # when the cores are free, and until then the journal and the stream hold their work.

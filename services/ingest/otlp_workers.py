@@ -30,7 +30,7 @@ from services.ingest.otlp import decode_export
 from services.ingest.pipeline import PreparedSample, has_inline_media
 from services.ingest.scrub import scrub_secrets
 from shared.chat import Sample
-from shared.processes import settle_heap
+from shared.processes import CpuClass, lower_cpu_priority, settle_heap
 from shared.service import prepare_worker
 
 WORKER_NAME = "ingest-otlp"
@@ -86,7 +86,8 @@ def map_export(
     return MappedExport(prepared, with_media, result.rejected, result.dropped)
 
 
-def _start_worker() -> None:
+def _start_worker(cpu_class: CpuClass) -> None:
+    lower_cpu_priority(cpu_class)
     # Logging, the registered secrets scrubbing relies on, and death with the service.
     prepare_worker(WORKER_NAME)
     # Mapping allocates hundreds of thousands of short-lived objects an export: with the
@@ -96,11 +97,19 @@ def _start_worker() -> None:
 
 class ExportMapper:
     """Maps exports to samples, large ones in a pool of `processes` (0: none, all in the
-    service process). The pool starts with the first large export."""
+    service process). The pool starts with the first large export; its processes run in
+    `cpu_class` (shared.processes; "normal" leaves them as the service is)."""
 
-    def __init__(self, processes: int, *, min_bytes: int = DEFAULT_MIN_BYTES) -> None:
+    def __init__(
+        self,
+        processes: int,
+        *,
+        min_bytes: int = DEFAULT_MIN_BYTES,
+        cpu_class: CpuClass = "normal",
+    ) -> None:
         self.processes = processes
         self.min_bytes = min_bytes
+        self.cpu_class = cpu_class
         self._pool: ProcessPoolExecutor | None = None
 
     async def map(
@@ -136,6 +145,7 @@ class ExportMapper:
             self.processes,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_start_worker,
+            initargs=(self.cpu_class,),
         )
         return self._pool
 

@@ -96,7 +96,9 @@ class Ingest:
         )
         control_client = forwarding.control_client()
         mapper = ExportMapper(
-            ingest_settings.otlp_processes, min_bytes=ingest_settings.otlp_process_min_bytes
+            ingest_settings.otlp_processes,
+            min_bytes=ingest_settings.otlp_process_min_bytes,
+            cpu_class=ingest_settings.otlp_cpu,
         )
         spool_dir = settings.app.data_dir.resolve() / "ingest" / "uploads"
         return cls(

@@ -23,12 +23,19 @@ print(os.sched_getscheduler(0), seen["policy"], os.getpriority(os.PRIO_PROCESS, 
 """
 
 
-@pytest.mark.parametrize(("cpu_class", "niced"), [("idle", 0), ("nice", 10), ("normal", 0)])
+@pytest.mark.parametrize(
+    ("cpu_class", "niced"), [("idle", 0), ("nice", 10), ("batch", 0), ("normal", 0)]
+)
 def test_lower_cpu_priority_sets_the_class_for_the_process_and_its_later_threads(
     cpu_class: CpuClass, niced: int
 ) -> None:
-    # "nice" and "normal" keep the policy the child inherits (SCHED_IDLE under `chrt --idle`).
-    policy = os.SCHED_IDLE if cpu_class == "idle" else os.sched_getscheduler(0)
+    # "nice" and "normal" keep the policy the child inherits (SCHED_IDLE under `chrt --idle`),
+    # and so does "batch" where that is SCHED_IDLE.
+    policy = inherited = os.sched_getscheduler(0)
+    if cpu_class == "idle":
+        policy = os.SCHED_IDLE
+    elif cpu_class == "batch" and inherited == os.SCHED_OTHER:
+        policy = os.SCHED_BATCH
     out = subprocess.run(
         [sys.executable, "-c", _PROBE, cpu_class], capture_output=True, text=True, check=True
     ).stdout.split()

@@ -146,6 +146,25 @@ def test_a_killed_pool_process_fails_as_retryable_and_a_new_pool_takes_the_next_
     assert mapper._pool is not pool
 
 
+def test_pool_processes_run_in_the_cpu_class_asked_for() -> None:
+    batch = ExportMapper(2, min_bytes=0, cpu_class="batch")
+    try:
+        mapped = asyncio.run(_map_many(batch, [_export(2), _export(2)]))
+        assert [m.samples for m in mapped] == [2, 2]
+        pool = batch._pool
+        assert pool is not None
+        pids = list(pool._processes)  # type: ignore[attr-defined]  # the pool's own processes
+        assert len(pids) == 2
+        assert {os.sched_getscheduler(pid) for pid in pids} == {os.SCHED_BATCH}
+        assert os.sched_getscheduler(0) != os.SCHED_BATCH  # the service process keeps its class
+    finally:
+        batch.close()
+
+
+async def _map_many(mapper: ExportMapper, bodies: list[bytes]) -> list[MappedExport]:
+    return await asyncio.gather(*(mapper.map(body, PROTOBUF, None, "acme") for body in bodies))
+
+
 def test_small_exports_and_a_mapper_without_processes_stay_in_this_process() -> None:
     mapper = ExportMapper(0)
     assert _map(mapper, _export(40)).samples == 40  # ~320 KB: mapped in a thread
