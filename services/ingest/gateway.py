@@ -170,7 +170,8 @@ class Gateway:
             await self.refuse(outcome, scope, receive, send)
             return
         incoming, tenant, model = outcome
-        route = self.routes.resolve(api, model) if model is not None else self.routes.first(api)
+        routes = self.routes
+        route = routes.resolve(api, model, tenant) if model is not None else routes.first(api)
         if route is None:
             refusal = (
                 model_not_found(api, model)

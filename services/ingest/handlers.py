@@ -71,16 +71,24 @@ def build_router(
     @bus.watch(router, DeploymentReady)
     async def route_deployment(event: DeploymentReady) -> None:
         routes.add_deployment(
+            tenant=event.tenant,
             served_model_name=event.served_model_name,
             deployment_id=event.deployment_id,
             endpoint_url=event.endpoint_url,
         )
-        log.info("routing %s to deployment %s", event.served_model_name, event.deployment_id)
+        log.info(
+            "routing %s of tenant %s to deployment %s",
+            event.served_model_name,
+            event.tenant,
+            event.deployment_id,
+        )
 
     @bus.watch(router, DeploymentStopped)
     async def unroute_deployment(event: DeploymentStopped) -> None:
         routes.remove_deployment(
-            served_model_name=event.served_model_name, deployment_id=event.deployment_id
+            tenant=event.tenant,
+            served_model_name=event.served_model_name,
+            deployment_id=event.deployment_id,
         )
 
     if datasets is not None:

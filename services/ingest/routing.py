@@ -92,18 +92,23 @@ def load_upstreams(path: Path) -> list[Upstream]:
 @dataclass
 class RoutingTable:
     upstreams: list[Upstream]
-    # served model name -> (deployment id, OpenAI-compatible base URL)
-    deployments: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # (tenant, served model name) -> (deployment id, OpenAI-compatible base URL). A deployment
+    # serves only the tenant that made it: another tenant naming the same model goes on to the
+    # upstreams file, as if the deployment did not exist.
+    deployments: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
     # Deployment ids that stopped. Ready and stopped events arrive on separate consumers, so at
     # start-up a deployment's "stopped" may be replayed before its "ready"; ids are never reused.
     stopped: set[str] = field(default_factory=set)
     _resolved: dict[tuple[str, str], Route | None] = field(default_factory=dict, repr=False)
 
-    def resolve(self, api: Api, model: str) -> Route | None:
-        """The route for `model` in the `api` family, or None (the caller answers 404)."""
-        if api == "openai" and model in self.deployments:
-            deployment_id, base_url = self.deployments[model]
-            return Route(f"deployment:{deployment_id}", "openai", base_url.rstrip("/"), None)
+    def resolve(self, api: Api, model: str, tenant: str) -> Route | None:
+        """The route for `tenant`'s call to `model` in the `api` family, or None (the caller
+        answers 404). The tenant's own deployments come first, then the upstreams file."""
+        if api == "openai" and self.deployments:
+            deployed = self.deployments.get((tenant, model))
+            if deployed is not None:
+                deployment_id, base_url = deployed
+                return Route(f"deployment:{deployment_id}", "openai", base_url.rstrip("/"), None)
         key = (api, model)
         if key in self._resolved:
             return self._resolved[key]
@@ -121,14 +126,15 @@ class RoutingTable:
         return next((u.route() for u in self.upstreams if u.api == api), None)
 
     def add_deployment(
-        self, *, served_model_name: str, deployment_id: str, endpoint_url: str
+        self, *, tenant: str, served_model_name: str, deployment_id: str, endpoint_url: str
     ) -> None:
         if deployment_id not in self.stopped:
-            self.deployments[served_model_name] = (deployment_id, endpoint_url)
+            self.deployments[(tenant, served_model_name)] = (deployment_id, endpoint_url)
 
-    def remove_deployment(self, *, served_model_name: str, deployment_id: str) -> None:
+    def remove_deployment(self, *, tenant: str, served_model_name: str, deployment_id: str) -> None:
         self.stopped.add(deployment_id)
         # Only the deployment that owns the name may take it away (a newer one may have replaced it).
-        current = self.deployments.get(served_model_name)
+        key = (tenant, served_model_name)
+        current = self.deployments.get(key)
         if current is not None and current[0] == deployment_id:
-            del self.deployments[served_model_name]
+            del self.deployments[key]

@@ -570,6 +570,11 @@ def test_a_model_the_hoster_deployed_is_routed_to_its_deployment(
     seen = edge.upstream.received[-1]
     assert seen.path == "/deployed/v1/chat/completions"
     assert "authorization" not in seen.headers  # no provider key for our own deployment
+    # The deployment is acme's: another tenant naming the model is not routed to it.
+    other = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=edge.other_key, max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        other.chat.completions.create(model="acme-support-v3", messages=messages)
+    assert edge.upstream.received[-1] is seen
 
     stopped = DeploymentStopped(
         tenant="acme", deployment_id="dep-1", served_model_name="acme-support-v3"

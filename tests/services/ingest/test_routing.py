@@ -46,6 +46,33 @@ def test_a_call_without_a_model_goes_to_the_first_upstream_of_its_family() -> No
     assert first.upstream == "local-vllm"  # the file's order decides, not the patterns
     assert table.first("gemini") is None  # the gateway answers 404 in Gemini's shape
     # A named model is routed by its pattern as before.
-    named = table.resolve("openai", "gpt-4.1")
+    named = table.resolve("openai", "gpt-4.1", "acme")
     assert named is not None
     assert named.upstream == "openai"
+
+
+def test_a_deployment_serves_only_the_tenant_that_made_it() -> None:
+    table = RoutingTable([OPENAI_A])
+    table.add_deployment(tenant="acme", served_model_name="gpt-4o", deployment_id="dep-1",
+                         endpoint_url="http://gpu-box:9000/")  # fmt: skip
+    mine = table.resolve("openai", "gpt-4o", "acme")
+    theirs = table.resolve("openai", "gpt-4o", "globex")
+    assert mine is not None
+    assert theirs is not None
+    # The tenant's own deployment shadows the upstreams file for that tenant only.
+    assert (mine.upstream, mine.base_url, mine.api_key) == (
+        "deployment:dep-1",
+        "http://gpu-box:9000",
+        None,
+    )
+    assert (theirs.upstream, theirs.base_url) == ("openai", "https://api.openai.com")
+    assert table.resolve("anthropic", "gpt-4o", "acme") is None  # deployments speak OpenAI's API
+    # Another tenant's stop event with the same name and id leaves acme's route alone...
+    table.remove_deployment(tenant="globex", served_model_name="gpt-4o", deployment_id="dep-2")
+    assert table.resolve("openai", "gpt-4o", "acme") == mine
+    # ...and acme's own takes it away; a late replayed "ready" of a stopped id does not return it.
+    table.remove_deployment(tenant="acme", served_model_name="gpt-4o", deployment_id="dep-1")
+    assert table.resolve("openai", "gpt-4o", "acme") == theirs
+    table.add_deployment(tenant="acme", served_model_name="gpt-4o", deployment_id="dep-1",
+                         endpoint_url="http://gpu-box:9000/")  # fmt: skip
+    assert table.resolve("openai", "gpt-4o", "acme") == theirs
