@@ -7,22 +7,14 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import (
-    APIRouter,
-    Depends,
-    File,
-    Form,
-    HTTPException,
-    Query,
-    Request,
-    UploadFile,
-    status,
-)
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
-from starlette.types import Receive, Scope, Send
+from starlette.datastructures import FormData
+from starlette.datastructures import UploadFile as StarletteUploadFile
+from starlette.types import Message, Receive, Scope, Send
 
 from services.ingest import dataset_api, forwarding, samples, uploads
 from services.ingest.formats import UnknownFormat, check_format
@@ -157,17 +149,98 @@ async def _principal(request: Request, ingest: Ingest) -> auth.Principal:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail=str(exc)) from None
 
 
+# /v1/files takes its form by hand, not as FastAPI File/Form parameters: FastAPI reads and spools
+# a multipart body before any dependency runs, so the key would be checked only after a caller
+# without one had filled the disk. This is the form as FastAPI would have documented it.
+_UPLOAD_FORM = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "purpose"],
+                    "properties": {
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "JSONL, one sample per line",
+                        },
+                        "purpose": {"type": "string", "enum": list(uploads.PURPOSES)},
+                        "format": {
+                            "type": "string",
+                            "default": "auto",
+                            "description": "auto, or one of the upload formats",
+                        },
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _upload_form(request: Request, limit: int) -> FormData:
+    """The multipart form, read only now (after the key was checked) and cut off past `limit`
+    bytes (413), whether or not the request declared its length."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413, detail=f"file: the body is over the upload limit of {limit} bytes")
+    received = 0
+
+    async def receive() -> Message:
+        nonlocal received
+        message = await request.receive()
+        received += len(message.get("body", b""))
+        if received > limit:
+            raise _TooLarge
+        return message
+
+    try:
+        return await Request(request.scope, receive).form(max_files=1, max_fields=8)
+    except _TooLarge:
+        raise HTTPException(
+            413, detail=f"file: the body is over the upload limit of {limit} bytes"
+        ) from None
+
+
+def _form_text(form: FormData, name: str, default: str | None = None) -> str:
+    value = form.get(name, default)
+    if value is None:
+        raise HTTPException(400, detail=f"{name}: required form field is missing")
+    if not isinstance(value, str):
+        raise HTTPException(400, detail=f"{name}: must be a text field, not a file")
+    return value
+
+
 @router.post(
-    "/v1/files", tags=["uploads"], status_code=200, summary="Upload a JSONL file (OpenAI files API)"
+    "/v1/files",
+    tags=["uploads"],
+    status_code=200,
+    summary="Upload a JSONL file (OpenAI files API)",
+    openapi_extra=_UPLOAD_FORM,
 )
-async def upload_file(
-    request: Request,
-    ingest: IngestDep,
-    file: Annotated[UploadFile, File(description="JSONL, one sample per line")],
-    purpose: Annotated[str, Form()],
-    format: Annotated[str, Form(description="auto, or one of the upload formats")] = "auto",
-) -> dict[str, Any]:
+async def upload_file(request: Request, ingest: IngestDep) -> dict[str, Any]:
     principal = await _principal(request, ingest)
+    form = await _upload_form(request, ingest.settings.max_upload_bytes)
+    try:
+        return await _store_upload_form(ingest, principal, form)
+    finally:
+        await form.close()
+
+
+async def _store_upload_form(
+    ingest: Ingest, principal: auth.Principal, form: FormData
+) -> dict[str, Any]:
+    file = form.get("file")
+    if not isinstance(file, StarletteUploadFile):
+        raise HTTPException(400, detail="file: required, as a file part of the form")
+    purpose = _form_text(form, "purpose")
+    format = _form_text(form, "format", "auto")
     if purpose not in uploads.PURPOSES:
         raise HTTPException(
             400, detail=f"purpose: {purpose!r} is not one of {', '.join(uploads.PURPOSES)}"

@@ -37,6 +37,8 @@ class IngestSettings(BaseSettings):
     upstream_idle_s: float = Field(default=4.0, gt=0)
     # Request bodies larger than this get 413 (images inline make 20 MB plausible).
     max_body_bytes: int = Field(default=32 * 1024**2, ge=1024)
+    # Uploads to /v1/files larger than this get 413 (OpenAI's files API takes up to 512 MB).
+    max_upload_bytes: int = Field(default=512 * 1024**2, ge=1024)
     # Captured calls waiting to be normalised and published; beyond this they go to the spill file.
     capture_queue_size: int = Field(default=10_000, ge=1)
     # Worker processes sharing the port (uvicorn workers). Each has its own event loop, capture

@@ -17,6 +17,9 @@ from tests.plugins.infra import RunningProcess, make_settings
 
 ADMIN = {"Authorization": "Bearer tuneloop-dev-admin"}
 
+# /v1/files takes at most this much in the tests' service (so that going over it is cheap).
+UPLOAD_LIMIT = 4 * 1024**2
+
 
 @dataclass
 class Edge:
@@ -76,7 +79,9 @@ def edge(
     settings = make_settings(tmp, infra=stack_settings)
     db.migrate(settings.database_url)
     with RunningUpstream() as upstream:
-        env = gateway_env(settings, upstream, tmp)
+        env = gateway_env(settings, upstream, tmp) | {
+            "TUNELOOP_INGEST_MAX_UPLOAD_BYTES": str(UPLOAD_LIMIT)
+        }
         process = RunningProcess(
             localstack.component(settings, "ingest"), tmp / "logs" / "ingest.log", env=env
         )

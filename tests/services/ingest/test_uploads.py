@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import socket
+from collections.abc import Iterable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -11,7 +14,7 @@ from sqlmodel import Session
 
 from services.ingest.models import UploadedFile
 from shared import db, localstack
-from tests.services.ingest.conftest import Edge
+from tests.services.ingest.conftest import UPLOAD_LIMIT, Edge
 
 GOOD = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
 SHAREGPT = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello!"}]}
@@ -109,4 +112,60 @@ def test_upload_refusals_name_the_field(edge: Edge, tmp_path: Path) -> None:
     assert (
         httpx.post(f"{edge.url}/v1/files", files=files, data={"purpose": "fine-tune"}).status_code
         == 401
+    )
+
+
+def _status_of_raw_post(url: str, headers: dict[str, str], chunks: Iterable[bytes]) -> str:
+    """POST /v1/files on a socket of our own: send the headers and `chunks`, then read the
+    status line, however much of the declared body was sent."""
+    parts = urlsplit(url)
+    head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    with socket.create_connection((parts.hostname, parts.port), timeout=15) as sock:
+        sock.sendall(f"POST /v1/files HTTP/1.1\r\nHost: {parts.netloc}\r\n{head}\r\n".encode())
+        for chunk in chunks:
+            sock.sendall(chunk)
+        return sock.makefile("rb").readline().decode().strip()
+
+
+def test_files_api_checks_the_key_before_reading_the_body_and_caps_its_size(edge: Edge) -> None:
+    form = {"content-type": "multipart/form-data; boundary=b0undary"}
+    start = b"--b0undary\r\nContent-Disposition: form-data; name=file; filename=a.jsonl\r\n\r\n"
+    # No key, a body declared under the limit and only its first bytes sent: refused at once
+    # (a form read before the key was checked would leave this waiting for the rest).
+    declared = {"content-length": str(UPLOAD_LIMIT // 2)}
+    assert _status_of_raw_post(edge.url, form | declared, [start]) == "HTTP/1.1 401 Unauthorized"
+    key = {"authorization": f"Bearer {edge.key}"}
+    # Declared over the limit: 413 before any of it is read.
+    over = {"content-length": str(UPLOAD_LIMIT + 1)}
+    assert _status_of_raw_post(edge.url, form | key | over, [start]).startswith("HTTP/1.1 413")
+    # Not declared (chunked): read until it passes the limit, then 413.
+    line = _jsonl(GOOD)
+    chunk = start + line * (64 * 1024 // len(line))
+    chunked = {"transfer-encoding": "chunked"}
+    framed = (b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(UPLOAD_LIMIT // len(chunk) + 2))
+    assert _status_of_raw_post(edge.url, form | key | chunked, framed).startswith("HTTP/1.1 413")
+    # The refusals say which limit, in the API's error shape.
+    too_big = httpx.post(
+        f"{edge.url}/v1/files",
+        files={"file": ("big.jsonl", line * (UPLOAD_LIMIT // len(line) + 1), "application/jsonl")},
+        data={"purpose": "fine-tune"},
+        headers={"Authorization": f"Bearer {edge.key}"},
+    )
+    assert too_big.status_code == 413
+    assert (
+        too_big.json()["detail"]
+        == f"file: the body is over the upload limit of {UPLOAD_LIMIT} bytes"
+    )
+    # A form without its file or purpose names the missing field.
+    no_file = httpx.post(f"{edge.url}/v1/files", data={"purpose": "fine-tune"}, headers=key)
+    assert (no_file.status_code, no_file.json()["detail"]) == (
+        400,
+        "file: required, as a file part of the form",
+    )
+    no_purpose = httpx.post(
+        f"{edge.url}/v1/files", files={"file": ("a.jsonl", line, "application/jsonl")}, headers=key
+    )
+    assert (no_purpose.status_code, no_purpose.json()["detail"]) == (
+        400,
+        "purpose: required form field is missing",
     )
