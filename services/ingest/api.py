@@ -431,7 +431,9 @@ def _forwarder(prefix: str, service: str) -> Any:
 
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 for _prefix, _service in forwarding.OWNERS.items():
+    _forward = _forwarder(_prefix, _service)
     for _path in (f"/v1/{_prefix}", f"/v1/{_prefix}/{{rest:path}}"):
-        router.add_api_route(
-            _path, _forwarder(_prefix, _service), methods=_METHODS, tags=[f"{_service} (relayed)"]
-        )
+        # A route per method: FastAPI names a many-method route's operations after one of its
+        # methods, so they would share one OpenAPI operation id.
+        for _method in _METHODS:
+            router.add_api_route(_path, _forward, methods=[_method], tags=[f"{_service} (relayed)"])

@@ -348,9 +348,18 @@ def test_unknown_sample_filter_is_refused_by_name(edge: Edge) -> None:
 
 def test_control_plane_routes_are_relayed_to_the_owning_service(edge: Edge) -> None:
     headers = {"Authorization": f"Bearer {edge.key}"}
-    away = httpx.get(f"{edge.url}/v1/fine_tuning/jobs", headers=headers)
-    assert away.status_code == 503
-    assert "scheduler" in away.json()["detail"]
+    # Each prefix goes to its owner (none of them runs yet: 503 naming the one that is away).
+    for method, path, owner in [
+        ("GET", "/v1/fine_tuning/jobs", "scheduler"),
+        ("POST", "/v1/fine_tuning/jobs/ftjob-1/cancel", "scheduler"),
+        ("GET", "/v1/models", "hoster"),
+        ("DELETE", "/v1/models/ft:smol:acme", "hoster"),
+        ("POST", "/v1/deployments", "hoster"),
+        ("GET", "/v1/evals/ev-1", "evaluator"),
+    ]:
+        away = httpx.request(method, f"{edge.url}{path}", headers=headers)
+        assert away.status_code == 503, (method, path)
+        assert owner in away.json()["detail"], (method, path)
 
     scheduler = RunningProcess(
         localstack.component(edge.settings, "scheduler"),
