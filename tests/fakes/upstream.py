@@ -181,6 +181,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: dict[str, Any]
+    raw: bytes = b""  # the body's bytes as they arrived
 
 
 @dataclass
@@ -228,7 +229,9 @@ class FakeUpstream:
                 {"error": {"message": "fake upstream: body is not a JSON object", "code": 400}},
                 status_code=400,
             )
-        self.received.append(Received(request.url.path, dict(request.headers), body))
+        self.received.append(
+            Received(request.url.path, dict(request.headers), body, await request.body())
+        )
         if (refused := await self._check_key(request, "openai")) is not None:
             return refused
         return self._reply(
@@ -247,7 +250,9 @@ class FakeUpstream:
                 {"error": {"message": "fake upstream: body is not a JSON object", "code": 400}},
                 status_code=400,
             )
-        self.received.append(Received(request.url.path, dict(request.headers), body))
+        self.received.append(
+            Received(request.url.path, dict(request.headers), body, await request.body())
+        )
         if (refused := await self._check_key(request, "anthropic")) is not None:
             return refused
         return self._reply(
@@ -271,6 +276,7 @@ class FakeUpstream:
                 request.url.path + ("?" + request.url.query if request.url.query else ""),
                 dict(request.headers),
                 body,
+                await request.body(),
             )
         )
         if (refused := await self._check_key(request, "gemini")) is not None:
@@ -296,7 +302,7 @@ class FakeUpstream:
             return JSONResponse({"error": {"message": "fake upstream: not a JSON object"}}, 400)
         path = request.url.path
         api = "anthropic" if path.startswith("/v1/messages") else "openai"
-        self.received.append(Received(path, dict(request.headers), body))
+        self.received.append(Received(path, dict(request.headers), body, await request.body()))
         if (refused := await self._check_key(request, api)) is not None:
             return refused
         if path == "/v1/responses" and body.get("stream"):
@@ -306,7 +312,9 @@ class FakeUpstream:
     async def stored_response(self, request: Request) -> Response:
         """The Responses API's calls about a stored response (no model in them)."""
         body = await _json(request) if request.method == "POST" else {}
-        self.received.append(Received(request.url.path, dict(request.headers), body or {}))
+        self.received.append(
+            Received(request.url.path, dict(request.headers), body or {}, await request.body())
+        )
         if (refused := await self._check_key(request, "openai")) is not None:
             return refused
         response_id = request.path_params["response_id"]
@@ -323,7 +331,9 @@ class FakeUpstream:
         body = await _json(request)
         if body is None:
             return JSONResponse({"error": {"message": "fake upstream: not a JSON object"}}, 400)
-        self.received.append(Received(request.url.path, dict(request.headers), body))
+        self.received.append(
+            Received(request.url.path, dict(request.headers), body, await request.body())
+        )
         if (refused := await self._check_key(request, "openai")) is not None:
             return refused
         return JSONResponse(MODERATION)
@@ -331,7 +341,9 @@ class FakeUpstream:
     async def deployed(self, request: Request) -> Response:
         """A model we deployed ourselves: OpenAI-compatible, no provider key."""
         body = await _json(request)
-        self.received.append(Received(request.url.path, dict(request.headers), body or {}))
+        self.received.append(
+            Received(request.url.path, dict(request.headers), body or {}, await request.body())
+        )
         return self._reply(request=request, exchange=recorded("oa01_tool_calls_multiturn"))
 
     def app(self) -> Starlette:

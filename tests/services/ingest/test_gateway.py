@@ -5,6 +5,8 @@ with images in real S3, and come back from GET /v1/samples."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import anthropic
 import httpx
 import nats
 import openai
+import orjson
 import psutil
 import pytest
 from google.rpc.error_details_pb2 import BadRequest
@@ -23,6 +26,7 @@ from shared import bus, localstack
 from shared.chat import Sample
 from shared.events import SAMPLES, DeploymentReady, DeploymentStopped, Event, SampleCaptured
 from shared.settings import Settings
+from shared.storage import ObjectStore
 from tests.benchmarks.otlp_traces import TraceFactory, export_bodies
 from tests.fakes.upstream import recorded
 from tests.plugins.infra import RunningProcess
@@ -129,6 +133,66 @@ def test_gemini_rest_with_key_in_query_and_sse(edge: Edge) -> None:
     assert images
     assert all(part["ref"].startswith("s3://") and "data" not in part for part in images)
     assert "/tenants/acme/media/" in images[0]["ref"]
+    assert edge.key not in json.dumps(sample)  # the ?key= is not in what was captured
+
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 3
+PNG_B64 = base64.b64encode(PNG).decode()
+
+
+def _images(sample: dict[str, object]) -> list[dict[str, str]]:
+    messages = sample["messages"]
+    assert isinstance(messages, list)
+    return [part for m in messages for part in m["content"] if part["type"] == "image"]
+
+
+def test_request_bytes_go_upstream_unchanged_and_images_are_stored_by_content(
+    edge: Edge,
+) -> None:
+    """One PNG sent through each provider's API (a data URL, a base64 source, inline_data; the
+    Gemini call non-streamed with the header its SDK sends): every body reaches the provider
+    byte for byte, and every sample refers to the one S3 object holding the image's bytes."""
+    # Odd but valid JSON (spacing, key order, escapes, 0.10): the provider gets these bytes.
+    openai_body = (
+        b'{ "messages" : [{"content":[{"type":"text","text":"caf\\u00e9 \\ud83d\\ude00 what is this?"},'
+        b'{"type":"image_url","image_url":{"url":"data:image/png;base64,'
+        + PNG_B64.encode()
+        + b'"}}],'
+        b'"role":"user"}],\n  "model":"gpt-4o-mini" ,"temperature":0.10}'
+    )
+    anthropic_body = orjson.dumps({"model": "claude-3-5-haiku-latest", "max_tokens": 50, "messages": [
+        {"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_B64}},
+            {"type": "text", "text": "what is this?"}]}]})  # fmt: skip
+    gemini_body = orjson.dumps({"contents": [{"role": "user", "parts": [
+        {"inline_data": {"mime_type": "image/png", "data": PNG_B64}}, {"text": "what is this?"}]}]})  # fmt: skip
+    calls = [
+        ("/v1/chat/completions", openai_body, {"Authorization": f"Bearer {edge.key}"}),
+        ("/v1/messages", anthropic_body, {"x-api-key": edge.key, "anthropic-version": "2023-06-01"}),
+        ("/v1beta/models/gemini-2.5-flash:generateContent", gemini_body, {"x-goog-api-key": edge.key}),
+    ]  # fmt: skip
+    refs = set()
+    for n, (path, body, key) in enumerate(calls):
+        tag = f"bytes-{n}"
+        headers = key | {"content-type": "application/json", "x-tuneloop-tags": tag}
+        answer = httpx.post(f"{edge.url}{path}", content=body, headers=headers)
+        assert answer.status_code == 200, (path, answer.text[:300])
+        seen = edge.upstream.received[-1]
+        assert seen.raw == body, path
+        assert edge.key not in json.dumps(seen.headers)
+        [sample] = edge.wait_for_samples(1, tag=tag)
+        assert edge.key not in json.dumps(sample)
+        [image] = _images(sample)
+        assert (image["sha256"], image["mime_type"]) == (
+            hashlib.sha256(PNG).hexdigest(),
+            "image/png",
+        )
+        refs.add(image["ref"])
+    [ref] = refs  # content-addressed: one object for the three
+    assert ref.endswith(
+        f"/tenants/acme/media/{hashlib.sha256(PNG).hexdigest()[:2]}/{hashlib.sha256(PNG).hexdigest()}"
+    )
+    assert ObjectStore.from_settings(edge.settings.s3).get_bytes(ref) == PNG
 
 
 def test_refusals_come_in_each_providers_shape(edge: Edge) -> None:

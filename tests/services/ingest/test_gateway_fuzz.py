@@ -1,4 +1,8 @@
-"""Hypothesis-made bad bodies at every ingest entry point: a 4xx that says what is wrong, never a 5xx."""
+"""Hypothesis-made bad bodies at the gateway's and the OTLP endpoint: never a 5xx. What the
+gateway must refuse itself (a body that is not a JSON object, a missing or non-string model, a
+model no upstream of the family serves) gets exactly that 4xx with a message; what it can route
+goes upstream untouched (the provider judges its own fields); OTLP answers 200 or 400.
+Uploads take their bad lines as line-numbered rejections, not status codes (test_formats.py)."""
 
 from __future__ import annotations
 
@@ -66,6 +70,14 @@ def test_bad_bodies_get_a_clear_4xx_never_a_5xx(
         timeout=10,
     )
     assert answer.status_code < 500, (answer.status_code, answer.text[:300])
+    if path == "/v1/traces":
+        assert answer.status_code in (200, 400), (answer.status_code, answer.text[:300])
+    else:
+        refusal = _gateway_refusal(path, body)
+        if refusal is None:  # routed: the fake upstream got it and answered
+            assert edge.upstream.received[-1].raw == body  # byte for byte
+        else:
+            assert answer.status_code == refusal, (answer.status_code, answer.text[:300])
     if answer.status_code >= 400 and answer.headers["content-type"] == "application/x-protobuf":
         assert Status.FromString(answer.content).message, answer.content  # OTLP's failure body
     elif answer.status_code >= 400:
@@ -74,3 +86,23 @@ def test_bad_bodies_get_a_clear_4xx_never_a_5xx(
             error.get("message") or error.get("error", {}).get("message") or error.get("detail")
         )
         assert message, answer.text
+
+
+# The fake upstream's families, as the tests' upstreams file routes them (tests/fakes/upstream.py).
+_FAMILY_MODELS = {"/v1/chat/completions": ("gpt-", "text-embedding-"), "/v1/messages": ("claude-",)}
+
+
+def _gateway_refusal(path: str, body: bytes) -> int | None:
+    """The status the gateway answers `body` with itself, or None when it goes upstream."""
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return 400
+    if not isinstance(document, dict):
+        return 400
+    if path not in _FAMILY_MODELS:  # Gemini: the model is in the path
+        return None
+    model = document.get("model")
+    if not isinstance(model, str) or not model:
+        return 400
+    return None if model.startswith(_FAMILY_MODELS[path]) else 404
