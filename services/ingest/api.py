@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
+import sqlalchemy as sa
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
-from fastapi.responses import Response
+from fastapi.responses import FileResponse, Response
 from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
+from starlette.background import BackgroundTask
 from starlette.datastructures import FormData
 from starlette.datastructures import UploadFile as StarletteUploadFile
 from starlette.types import Message, Receive, Scope, Send
@@ -24,6 +27,7 @@ from services.ingest.routing import Api
 from services.ingest.state import Ingest
 from shared import auth
 from shared.db import get_engine, session_scope
+from shared.storage import ObjectNotFound
 
 router = APIRouter()
 # Datasets have their own module of routes (dataset_api.py).
@@ -289,6 +293,68 @@ def get_file(file_id: str, principal: auth.PrincipalDep, engine: EngineDep) -> d
     return uploads.file_object(_file_row(engine, principal.tenant_id, file_id))
 
 
+@router.get(
+    "/v1/files/{file_id}/content",
+    tags=["uploads"],
+    summary="The file as uploaded",
+    response_class=FileResponse,
+)
+async def file_content(file_id: str, request: Request, ingest: IngestDep) -> FileResponse:
+    principal = await _principal(request, ingest)
+    row = _file_row(ingest.engine, principal.tenant_id, file_id)
+    key = uploads.file_key(row.tenant, row.id)
+    return await _download(ingest, key, f"file {file_id!r} not found", filename=row.filename)
+
+
+@router.get(
+    "/v1/files/{file_id}/errors",
+    tags=["uploads"],
+    summary="Every rejected line of a processed file (JSONL)",
+    response_class=FileResponse,
+)
+async def file_errors(file_id: str, request: Request, ingest: IngestDep) -> FileResponse:
+    principal = await _principal(request, ingest)
+    row = _file_row(ingest.engine, principal.tenant_id, file_id)
+    if row.status != "processed":
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            detail=f"file {file_id!r} is {row.status}: its rejected lines are known once processed",
+        )
+    key = uploads.file_errors_key(row.tenant, row.id)
+    return await _download(ingest, key, f"file {file_id!r} has no list of rejected lines")
+
+
+@router.delete("/v1/files/{file_id}", tags=["uploads"], summary="Delete a file")
+async def delete_file(file_id: str, request: Request, ingest: IngestDep) -> dict[str, Any]:
+    """The file, its list of rejected lines and its row go; samples made from it stay."""
+    principal = await _principal(request, ingest)
+    row = _file_row(ingest.engine, principal.tenant_id, file_id)
+    for key in (uploads.file_key(row.tenant, row.id), uploads.file_errors_key(row.tenant, row.id)):
+        await asyncio.to_thread(ingest.store.delete, key)
+    with session_scope(ingest.engine) as session:
+        session.execute(sa.delete(UploadedFile).where(col(UploadedFile.id) == row.id))
+        session.commit()
+    return {"id": row.id, "object": "file", "deleted": True}
+
+
+async def _download(
+    ingest: Ingest, key: str, missing: str, *, filename: str | None = None
+) -> FileResponse:
+    """An object of the store as a streamed JSONL response, from a local copy that goes once
+    sent (the store's client is blocking; the copy keeps a large object out of memory)."""
+    local = ingest.spool_dir / f"{os.getpid()}.{uuid.uuid4().hex}.upload"
+    try:
+        await asyncio.to_thread(ingest.store.get_file, key, local)
+    except ObjectNotFound:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=missing) from None
+    return FileResponse(
+        local,
+        media_type="application/jsonl",
+        filename=filename,
+        background=BackgroundTask(local.unlink, missing_ok=True),
+    )
+
+
 @router.get("/v1/files", tags=["uploads"])
 def list_files(principal: auth.PrincipalDep, engine: EngineDep) -> dict[str, Any]:
     with session_scope(engine) as session:
@@ -316,14 +382,31 @@ async def import_samples(
     except UnknownFormat as exc:
         raise HTTPException(400, detail=f"format: {exc}") from None
     file_id = import_id or f"import-{uuid.uuid4().hex[:24]}"
-    report = await uploads.import_lines(
-        ingest.pipeline,
-        request.stream(),
-        tenant=principal.tenant_id,
-        file_id=file_id,
-        format=format,
-    )
+    errors_key = uploads.import_errors_key(principal.tenant_id, file_id)
+    with uploads.rejection_log(ingest.spool_dir) as rejections:
+        report = await uploads.import_lines(
+            ingest.pipeline,
+            request.stream(),
+            tenant=principal.tenant_id,
+            file_id=file_id,
+            format=format,
+            rejections=rejections,
+        )
+        await asyncio.to_thread(rejections.store, ingest.store, errors_key)
+    report.errors_url = f"/v1/samples/imports/{file_id}/errors"
     return {"import_id": file_id, **report.to_dict()}
+
+
+@router.get(
+    "/v1/samples/imports/{import_id}/errors",
+    tags=["uploads"],
+    summary="Every rejected line of a streamed import (JSONL)",
+    response_class=FileResponse,
+)
+async def import_errors(import_id: str, request: Request, ingest: IngestDep) -> FileResponse:
+    principal = await _principal(request, ingest)
+    key = uploads.import_errors_key(principal.tenant_id, import_id)
+    return await _download(ingest, key, f"import {import_id!r} not found")
 
 
 # --- samples ----------------------------------------------------------------------------------

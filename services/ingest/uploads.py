@@ -7,6 +7,10 @@ process sweeps now and then for unfinished files nobody holds (new ones, and tho
 died and let the lease run out) and takes them over. Sample ids come from `<file id>:<line>`, so a
 file worked twice stores nothing twice. `POST /v1/samples/import` reads the request body as it
 arrives and answers with the report.
+
+A report lists the first 1,000 rejected lines; every one of them, however many, is written to a
+local file as the upload streams (`RejectionLog`) and stored beside the upload as JSONL, served
+by `GET /v1/files/{id}/errors` and `GET /v1/samples/imports/{id}/errors`.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import uuid
 from collections.abc import AsyncIterable, Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 import orjson
 import sqlalchemy as sa
@@ -30,6 +34,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
 from services.ingest.formats import ImportReport, LineError, ParsedLine, aparse_lines
+from services.ingest.formats.report import error_entry
 from services.ingest.models import UploadedFile
 from services.ingest.pipeline import CapturePipeline
 from shared.chat import Sample
@@ -52,6 +57,44 @@ def file_key(tenant: str, file_id: str) -> str:
     return f"tenants/{tenant}/files/{file_id}.jsonl"
 
 
+def file_errors_key(tenant: str, file_id: str) -> str:
+    """Every rejected line of an uploaded file, as JSONL."""
+    return f"tenants/{tenant}/files/{file_id}.errors.jsonl"
+
+
+def import_errors_key(tenant: str, import_id: str) -> str:
+    """Every rejected line of a streamed import, as JSONL (a new import under the same id
+    replaces it)."""
+    return f"tenants/{tenant}/imports/{import_id}.errors.jsonl"
+
+
+class RejectionLog:
+    """Every rejected line of one upload, written to a local spool file as the upload streams
+    and stored in object storage once it is done: the report lists only the first 1,000, and a
+    file can reject millions. Made by `rejection_log`, which removes the local file."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self._file = file
+
+    def add(self, error: LineError) -> None:
+        self._file.write(orjson.dumps(error_entry(error)) + b"\n")
+
+    def store(self, store: ObjectStore, key: str) -> None:
+        """Blocking: run it in a thread."""
+        self._file.flush()
+        store.put_file(key, self._file.name, content_type="application/jsonl")
+
+
+@contextlib.contextmanager
+def rejection_log(spool_dir: Path) -> Iterator[RejectionLog]:
+    spool_dir.mkdir(parents=True, exist_ok=True)
+    # `<pid>.<random>.upload`: clear_dead_spool removes it if this process is killed.
+    with tempfile.NamedTemporaryFile(
+        dir=spool_dir, prefix=f"{os.getpid()}.", suffix=".upload"
+    ) as file:
+        yield RejectionLog(file)
+
+
 async def import_lines(
     pipeline: CapturePipeline,
     chunks: AsyncIterable[bytes] | Iterable[bytes],
@@ -59,10 +102,12 @@ async def import_lines(
     tenant: str,
     file_id: str,
     format: str,
+    rejections: RejectionLog | None = None,
 ) -> ImportReport:
-    """Parse, hand samples to the pipeline in batches, count what was rejected. Raises
-    UnknownFormat (a ValueError) before reading anything when `format` is not known."""
-    report = ImportReport()
+    """Parse, hand samples to the pipeline in batches, count what was rejected (each rejected
+    line also to `rejections`). Raises UnknownFormat (a ValueError) before reading anything
+    when `format` is not known."""
+    report = ImportReport(on_error=None if rejections is None else rejections.add)
     batch: list[Sample] = []
     created_at = datetime.now(UTC)
     async for result in aparse_lines(
@@ -367,15 +412,22 @@ async def _import_file(
     local = spool_dir / f"{row.id}.{os.getpid()}.{uuid.uuid4().hex[:8]}.jsonl"
     try:
         await asyncio.to_thread(store.get_file, file_key(row.tenant, row.id), local)
-        with local.open("rb") as handle:
+        with local.open("rb") as handle, rejection_log(spool_dir) as rejections:
             report = await import_lines(
-                pipeline, _file_chunks(handle), tenant=row.tenant, file_id=row.id, format=row.format
+                pipeline,
+                _file_chunks(handle),
+                tenant=row.tenant,
+                file_id=row.id,
+                format=row.format,
+                rejections=rejections,
             )
+            await asyncio.to_thread(rejections.store, store, file_errors_key(row.tenant, row.id))
     except Exception as exc:
         log.exception("file %s could not be processed", row.id)
         return {"status": "error", "status_details": f"{type(exc).__name__}: {exc}"[:2000]}
     finally:
         local.unlink(missing_ok=True)
+    report.errors_url = f"/v1/files/{row.id}/errors"
     summary = report.to_dict()
     return {
         "status": "processed",

@@ -1,14 +1,16 @@
 """The import report of one upload: what came in, what was kept, what was rejected and why.
 
 It is built line by line as the upload streams, so its size is bounded whatever the file's:
-rejections are listed up to a cap (the total is always exact) and dropped-part reasons are
-counted by kind, with line-specific indices taken out of their paths.
+rejections are listed up to a cap (the total is always exact; `on_error` sees every one, for the
+complete list kept beside the upload, uploads.RejectionLog) and dropped-part reasons are counted
+by kind, with line-specific indices taken out of their paths.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,11 +36,17 @@ class ImportReport:
     formats: Counter[str] = field(default_factory=Counter)
     errors: list[LineError] = field(default_factory=list)
     dropped: Counter[str] = field(default_factory=Counter)
+    # Called with every rejected line, listed or not.
+    on_error: Callable[[LineError], None] | None = None
+    # Where the complete list of rejected lines is served, when it is kept.
+    errors_url: str | None = None
 
     def add(self, result: LineResult) -> None:
         self.total_lines = max(self.total_lines, result.line_number)
         if isinstance(result, LineError):
             self.rejected_lines += 1
+            if self.on_error is not None:
+                self.on_error(result)
             if len(self.errors) < self.max_listed_errors:
                 self.errors.append(result)
             return
@@ -81,14 +89,17 @@ class ImportReport:
             "rejected_lines": self.rejected_lines,
             "samples": self.samples,
             "formats": dict(self.formats),
-            "errors": [
-                {"line": error.line_number, "reason": error.reason, "format": error.format}
-                for error in self.errors
-            ],
+            "errors": [error_entry(error) for error in self.errors],
             "errors_truncated": self.rejected_lines > len(self.errors),
+            "errors_url": self.errors_url,
             "dropped": dict(self.dropped.most_common()),
             "status_details": self.status_details(),
         }
 
     def to_json(self) -> bytes:
         return orjson.dumps(self.to_dict())
+
+
+def error_entry(error: LineError) -> dict[str, Any]:
+    """A rejected line as the report and the complete list give it."""
+    return {"line": error.line_number, "reason": error.reason, "format": error.format}

@@ -919,6 +919,7 @@ def test_mixed_file_keeps_good_lines_and_reports_bad_ones_by_number() -> None:
             {"line": 8, "reason": body["errors"][2]["reason"], "format": None},
         ],
         "errors_truncated": False,
+        "errors_url": None,  # the caller sets it where it keeps the complete list
         "dropped": {},
         "status_details": "4 of 7 lines accepted (4 samples); 3 rejected (first: line 4: messages[0].role: 'robot' is not one of system, user, assistant, tool).",
     }
@@ -1047,13 +1048,15 @@ def test_a_bug_in_a_reader_costs_one_line_not_the_upload(monkeypatch: pytest.Mon
 # --- the report ---------------------------------------------------------------------------------
 
 
-def test_report_caps_listed_errors_but_counts_them_all() -> None:
-    report = ImportReport(max_listed_errors=2)
+def test_report_caps_listed_errors_but_counts_them_all_and_hands_on_each() -> None:
+    every: list[LineError] = []
+    report = ImportReport(max_listed_errors=2, on_error=every.append)
     for number in range(1, 6):
         report.add(LineError(number, "bad"))
     assert report.rejected_lines == 5
     assert [e.line_number for e in report.errors] == [1, 2]
     assert report.to_dict()["errors_truncated"] is True
+    assert [e.line_number for e in every] == [1, 2, 3, 4, 5]
 
 
 def test_report_counts_dropped_parts_by_kind() -> None:

@@ -169,3 +169,65 @@ def test_files_api_checks_the_key_before_reading_the_body_and_caps_its_size(edge
         400,
         "purpose: required form field is missing",
     )
+
+
+def test_every_rejected_line_is_listed_beyond_the_reports_first_thousand(edge: Edge) -> None:
+    """1,003 bad lines among good ones: the report lists the first 1,000 and points at the
+    complete list, for a file and for a streamed import; the file comes back as uploaded and,
+    deleted, is gone for good. Another tenant sees none of it."""
+    body = _jsonl(GOOD, *([BAD_ROLE] * 1002), ALPACA, b"{not json")
+    key = {"Authorization": f"Bearer {edge.key}"}
+    created = httpx.post(
+        f"{edge.url}/v1/files",
+        files={"file": ("many.jsonl", body, "application/jsonl")},
+        data={"purpose": "fine-tune"},
+        headers=key,
+    ).json()
+    url = f"{edge.url}/v1/files/{created['id']}"
+
+    def processed() -> bool:
+        return httpx.get(url, headers=key).json()["status"] == "processed"
+
+    assert localstack.wait_until(processed, 60, interval_s=0.3)
+    report = httpx.get(url, headers=key).json()["import_report"]
+    assert (report["accepted_lines"], report["rejected_lines"]) == (2, 1003)
+    assert (len(report["errors"]), report["errors_truncated"]) == (1000, True)
+    assert report["errors_url"] == f"/v1/files/{created['id']}/errors"
+    listed = httpx.get(f"{edge.url}{report['errors_url']}", headers=key)
+    assert listed.status_code == 200
+    assert listed.headers["content-type"].startswith("application/jsonl")
+    every = [json.loads(line) for line in listed.text.splitlines()]
+    assert [e["line"] for e in every] == [*range(2, 1004), 1005]
+    assert every[:1000] == report["errors"]
+    assert "messages[0].role" in every[1001]["reason"]
+    assert "JSON" in every[-1]["reason"]
+
+    content = httpx.get(f"{url}/content", headers=key)
+    assert (content.status_code, content.content) == (200, body)
+    other = {"Authorization": f"Bearer {edge.other_key}"}
+    for path in ("", "/content", "/errors"):
+        assert httpx.get(f"{url}{path}", headers=other).status_code == 404
+    assert httpx.delete(url, headers=other).status_code == 404
+    deleted = httpx.delete(url, headers=key)
+    assert deleted.json() == {"id": created["id"], "object": "file", "deleted": True}
+    for path in ("", "/content", "/errors"):
+        assert httpx.get(f"{url}{path}", headers=key).status_code == 404
+    assert created["id"] not in [
+        f["id"] for f in httpx.get(f"{edge.url}/v1/files", headers=key).json()["data"]
+    ]
+
+    imported = httpx.post(
+        f"{edge.url}/v1/samples/import?import_id=many-bad", content=body, headers=key
+    ).json()
+    assert (imported["rejected_lines"], len(imported["errors"])) == (1003, 1000)
+    assert imported["errors_url"] == "/v1/samples/imports/many-bad/errors"
+    listed = httpx.get(f"{edge.url}{imported['errors_url']}", headers=key)
+    assert [json.loads(line)["line"] for line in listed.text.splitlines()] == [
+        *range(2, 1004),
+        1005,
+    ]
+    assert httpx.get(f"{edge.url}{imported['errors_url']}", headers=other).status_code == 404
+    assert (
+        httpx.get(f"{edge.url}/v1/samples/imports/nothing-here/errors", headers=key).status_code
+        == 404
+    )
