@@ -19,6 +19,7 @@ import psutil
 import pytest
 from google.rpc.error_details_pb2 import BadRequest
 from google.rpc.status_pb2 import Status
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from services.ingest.config import IngestSettings
 from services.ingest.otlp_workers import map_export
@@ -27,7 +28,7 @@ from shared.chat import Sample
 from shared.events import SAMPLES, DeploymentReady, DeploymentStopped, Event, SampleCaptured
 from shared.settings import Settings
 from shared.storage import ObjectStore
-from tests.benchmarks.otlp_traces import TraceFactory, export_bodies
+from tests.benchmarks.otlp_traces import TraceFactory, export_bodies, to_json, to_protobuf
 from tests.fakes.upstream import recorded
 from tests.plugins.infra import RunningProcess
 from tests.services.ingest.conftest import ADMIN, Edge
@@ -442,13 +443,16 @@ def test_control_plane_routes_are_relayed_to_the_owning_service(edge: Edge) -> N
 
 def test_an_opentelemetry_sdk_exporter_pointed_at_the_gateway_just_works(edge: Edge) -> None:
     from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http import Compression
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
     exporter = OTLPSpanExporter(
-        endpoint=f"{edge.url}/v1/traces", headers={"Authorization": f"Bearer {edge.key}"}
+        endpoint=f"{edge.url}/v1/traces",
+        headers={"Authorization": f"Bearer {edge.key}"},
+        compression=Compression.Gzip,
     )
     provider = TracerProvider(resource=Resource.create({"service.name": "weather-agent"}))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -486,7 +490,8 @@ def test_an_opentelemetry_sdk_exporter_pointed_at_the_gateway_just_works(edge: E
             }
         )
 
-    with tracer.start_as_current_span("invoke_agent weather-agent"):
+    with tracer.start_as_current_span("invoke_agent weather-agent") as root:
+        trace_id = format(root.get_span_context().trace_id, "032x")
         with tracer.start_as_current_span("chat gpt-4o-mini") as span:
             chat(span, [user], asked, 12)
         with tracer.start_as_current_span("execute_tool get_weather") as span:
@@ -519,7 +524,42 @@ def test_an_opentelemetry_sdk_exporter_pointed_at_the_gateway_just_works(edge: E
     assert sample["messages"][1]["tool_calls"][0]["name"] == "get_weather"
     assert sample["messages"][-1]["content"][0]["text"] == "18°C in Paris."
     assert sample["response"]["usage"]["input_tokens"] == 30
-    assert sample["source_ref"].startswith(sample["source_ref"].split("/")[0])
+    assert sample["source_ref"].startswith(f"{trace_id}/")  # one conversation of this trace
+
+
+@pytest.mark.parametrize("encoding", ["json", "protobuf"])
+def test_rejected_spans_are_answered_with_otlp_partial_success(edge: Edge, encoding: str) -> None:
+    """Over HTTP, in the export's own encoding: the good trace is stored, the span whose
+    messages cannot be read is counted as rejected, and the message names its attribute."""
+    factory = TraceFactory(seed=23 if encoding == "json" else 29)
+    good, bad = factory.trace(), factory.trace()
+    broken = next(s for s in bad if s.attributes.get("gen_ai.operation.name") == "chat")
+    broken.attributes["gen_ai.input.messages"] = "[{not json"
+    body = (to_json if encoding == "json" else to_protobuf)([*good, *bad])
+    content_type = "application/json" if encoding == "json" else "application/x-protobuf"
+    answer = httpx.post(
+        f"{edge.url}/v1/traces",
+        content=body,
+        headers={"Authorization": f"Bearer {edge.key}", "content-type": content_type},
+    )
+    assert answer.status_code == 200
+    if encoding == "json":
+        partial = answer.json()["partialSuccess"]
+        rejected, message = int(partial["rejectedSpans"]), partial["errorMessage"]
+    else:
+        response = ExportTraceServiceResponse.FromString(answer.content)
+        rejected = response.partial_success.rejected_spans
+        message = response.partial_success.error_message
+    assert rejected == 1
+    assert "gen_ai.input.messages" in message
+    assert f"span {broken.span_id}: gen_ai.input.messages: not valid JSON" in message
+
+    def traces_stored() -> set[str]:
+        return {s["source_ref"].split("/")[0] for s in edge.samples(source="otlp", limit=1000)}
+
+    # The good trace is stored, and so is the bad one: its later chat spans resend the history.
+    both = {good[0].trace_id, bad[0].trace_id}
+    assert localstack.wait_until(lambda: both <= traces_stored(), 20, interval_s=0.2)
 
 
 def test_large_exports_are_mapped_in_pool_processes_and_every_sample_stored(edge: Edge) -> None:
