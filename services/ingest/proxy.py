@@ -50,8 +50,9 @@ _DROP_REQUEST = frozenset(
     }
 )  # fmt: skip
 _DROP_RESPONSE = frozenset(name.encode() for name in HOP_BY_HOP)
-# Only encodings the capture can decode; the client still gets the upstream's bytes unchanged.
-_ACCEPT_ENCODING = (b"accept-encoding", b"gzip, deflate")
+# Encodings the capture can decode; the client still gets the upstream's bytes unchanged.
+_DECODABLE = frozenset({b"gzip", b"x-gzip", b"deflate", b"identity"})
+_ANY_DECODABLE = b"gzip, deflate"
 _TUNELOOP_PREFIX = b"x-tuneloop-"
 _TAGS = b"x-tuneloop-tags"
 
@@ -81,10 +82,30 @@ def upstream_headers(incoming: Incoming, route: Route) -> Headers:
         for name, value in incoming.headers
         if name not in _DROP_REQUEST and not name.startswith(_TUNELOOP_PREFIX)
     ]
-    headers.append(_ACCEPT_ENCODING)
+    accepted = next((v for k, v in incoming.headers if k == b"accept-encoding"), None)
+    headers.append((b"accept-encoding", upstream_accept_encoding(accepted)))
     if route.api_key:
         headers.append(_key_header(route.api, route.api_key))
     return headers
+
+
+def upstream_accept_encoding(accepted: bytes | None) -> bytes:
+    """The Accept-Encoding to send upstream: the caller's choices among those the capture can
+    decode (with their q-values), so the caller never gets an encoding it did not accept and the
+    capture never one it cannot read. No header means any encoding will do (RFC 9110): gzip; a
+    header that leaves nothing (`br` only) gets `identity`, which every server can answer."""
+    if accepted is None:
+        return _ANY_DECODABLE
+    kept: list[bytes] = []
+    for item in accepted.split(b","):
+        coding, _, params = item.strip().partition(b";")
+        coding = coding.strip().lower()
+        if coding == b"*":
+            suffix = b";" + params if params else b""
+            kept += [b"gzip" + suffix, b"deflate" + suffix]
+        elif coding in _DECODABLE:
+            kept.append(item.strip())
+    return b", ".join(kept) if kept else b"identity"
 
 
 def _key_header(api: Api, key: str) -> tuple[bytes, bytes]:

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from services.ingest.proxy import Incoming, upstream_headers, upstream_target
+from services.ingest.proxy import (
+    Incoming,
+    upstream_accept_encoding,
+    upstream_headers,
+    upstream_target,
+)
 from services.ingest.routing import Upstream
 
 CALLER = [
@@ -59,3 +64,25 @@ def test_the_callers_key_in_the_query_stays_behind() -> None:
     assert target("key=tl_secret") == "/m:x"
     assert target("alt=sse&key=tl_secret") == "/m:x?alt=sse"
     assert target("$alt=json;enum-encoding=int&key=k") == "/m:x?$alt=json;enum-encoding=int"
+
+
+@pytest.mark.parametrize(
+    ("accepted", "asked"),
+    [
+        (None, b"gzip, deflate"),  # no header: anything goes, and the capture reads gzip
+        (b"gzip, deflate, br, zstd", b"gzip, deflate"),  # httpx with brotli/zstd installed
+        (b"identity", b"identity"),  # a client that cannot decompress gets plain bytes
+        (b"br", b"identity"),  # nothing the capture reads: plain bytes rather than brotli
+        (b"GZip;q=0.5, br;q=1.0", b"GZip;q=0.5"),
+        (b"deflate, gzip;q=0", b"deflate, gzip;q=0"),  # a refusal is passed on too
+        (b"*;q=0.3", b"gzip;q=0.3, deflate;q=0.3"),
+        (b"", b"identity"),  # an empty header means identity only (RFC 9110 12.5.3)
+    ],
+)
+def test_upstream_is_asked_only_for_encodings_both_the_caller_and_the_capture_read(
+    accepted: bytes | None, asked: bytes
+) -> None:
+    assert upstream_accept_encoding(accepted) == asked
+    route = Upstream("p", "openai", "https://p.example", ("*",)).route()
+    caller = [] if accepted is None else [(b"accept-encoding", accepted)]
+    assert (b"accept-encoding", asked) in upstream_headers(Incoming("POST", "/", "", caller), route)
