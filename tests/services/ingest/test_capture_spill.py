@@ -1,6 +1,7 @@
-"""Capture never costs the caller: with NATS gone, calls still succeed; the gateway is SIGKILLed
-right after answering them, and once NATS and the gateway are back every sample is stored
-(from the write-ahead journal or the spill file). In both capture modes."""
+"""Capture never costs the caller: with NATS gone, calls still succeed. Either the gateway is
+SIGKILLed right after answering them, and once NATS and the gateway are back every sample is
+stored (from the write-ahead journal or the spill file); or it keeps running, and once NATS is
+back it delivers what it spilled by itself. In both capture modes."""
 
 from __future__ import annotations
 
@@ -94,5 +95,62 @@ def test_calls_succeed_while_nats_is_away_and_no_sample_is_lost(
                 gateway.log()[-3000:]
             )
             assert localstack.wait_until(lambda: _spilled(settings) == 0, 30)
+        finally:
+            gateway.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capture", ["process", "inline"])
+def test_a_running_gateway_delivers_what_it_spilled_once_nats_returns(
+    capture: str,
+    private_nats: RunningProcess,
+    s3_server: RunningProcess,
+    stack_settings: Settings,
+    tmp_path: Path,
+) -> None:
+    settings = settings_on_private_nats(tmp_path / "svc", private_nats, stack_settings)
+    db.migrate(settings.database_url)
+    with RunningUpstream() as upstream:
+        env = gateway_env(settings, upstream, tmp_path) | {"TUNELOOP_INGEST_CAPTURE": capture}
+        gateway = RunningProcess(
+            localstack.component(settings, "ingest"), tmp_path / "ingest.log", env=env
+        )
+        gateway.start()
+        url = f"http://127.0.0.1:{settings.services.ingest_port}"
+        tenant = {"id": "acme", "name": "Acme"}
+        assert httpx.post(f"{url}/v1/admin/tenants", json=tenant, headers=ADMIN).status_code == 201
+        key = httpx.post(
+            f"{url}/v1/admin/tenants/acme/api_keys", json={"name": "t"}, headers=ADMIN
+        ).json()["key"]
+        auth = {"Authorization": f"Bearer {key}"}
+        body = recorded("oa01_tool_calls_multiturn")["request"]["body"]
+
+        def stored() -> int:
+            found = httpx.get(f"{url}/v1/samples", params={"limit": 100}, headers=auth)
+            return len(found.json()["data"])
+
+        try:
+            private_nats.kill()
+            for _ in range(CALLS_WHILE_AWAY):
+                answer = httpx.post(
+                    f"{url}/v1/chat/completions", json=body, headers=auth, timeout=10
+                )
+                assert answer.status_code == 200
+            if capture == "inline":
+                # The publisher gives up on NATS and spills every sample to the local file.
+                assert localstack.wait_until(lambda: _spilled(settings) == CALLS_WHILE_AWAY, 40), (
+                    _spilled(settings)
+                )
+            else:
+                # The journal holds the calls; the shipper waits for NATS instead of spilling.
+                localstack.wait_until(lambda: False, 3.0)
+            private_nats.start()
+            # The same gateway process, never restarted, replays what it holds.
+            assert localstack.wait_until(lambda: stored() == CALLS_WHILE_AWAY, 90), gateway.log()[
+                -3000:
+            ]
+            assert localstack.wait_until(lambda: _spilled(settings) == 0, 30)
+            assert gateway.process is not None
+            assert gateway.process.poll() is None  # still the first process
         finally:
             gateway.stop()
