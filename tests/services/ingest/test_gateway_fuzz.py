@@ -1,8 +1,9 @@
 """Hypothesis-made bad bodies at the gateway's and the OTLP endpoint: never a 5xx. What the
 gateway must refuse itself (a body that is not a JSON object, a missing or non-string model, a
 model no upstream of the family serves) gets exactly that 4xx with a message; what it can route
-goes upstream untouched (the provider judges its own fields); OTLP answers 200 or 400.
-Uploads take their bad lines as line-numbered rejections, not status codes (test_formats.py)."""
+goes upstream untouched (the provider judges its own fields); OTLP answers 200 or 400; a
+streamed import answers 200 with a report that accounts for every line (bad lines are
+rejections named by line number, not a failed request)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ _routes = st.sampled_from(
         ("/v1beta/models/gemini-2.5-flash:generateContent", "application/json"),
         ("/v1/traces", "application/json"),
         ("/v1/traces", "application/x-protobuf"),
+        ("/v1/samples/import", "application/jsonl"),
     ]
 )
 
@@ -63,6 +65,8 @@ def test_bad_bodies_get_a_clear_4xx_never_a_5xx(
     edge: Edge, route: tuple[str, str], body: bytes
 ) -> None:
     path, content_type = route
+    if path == "/v1/samples/import":
+        body = body + b"\n" + body  # several lines, some of them whole JSON documents
     answer = httpx.post(
         f"{edge.url}{path}",
         content=body,
@@ -70,7 +74,13 @@ def test_bad_bodies_get_a_clear_4xx_never_a_5xx(
         timeout=10,
     )
     assert answer.status_code < 500, (answer.status_code, answer.text[:300])
-    if path == "/v1/traces":
+    if path == "/v1/samples/import":
+        assert answer.status_code == 200, answer.text[:300]
+        report = answer.json()
+        counted = report["accepted_lines"] + report["rejected_lines"] + report["blank_lines"]
+        assert counted == report["total_lines"]
+        assert all(e["line"] >= 1 and e["reason"] for e in report["errors"])
+    elif path == "/v1/traces":
         assert answer.status_code in (200, 400), (answer.status_code, answer.text[:300])
     else:
         refusal = _gateway_refusal(path, body)
