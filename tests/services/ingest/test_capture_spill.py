@@ -22,6 +22,16 @@ from tests.services.ingest.conftest import ADMIN
 CALLS_WHILE_AWAY = 5
 
 
+def _tenant_auth(url: str) -> dict[str, str]:
+    """Headers of a new key of a new tenant, acme."""
+    tenant = {"id": "acme", "name": "Acme"}
+    assert httpx.post(f"{url}/v1/admin/tenants", json=tenant, headers=ADMIN).status_code == 201
+    key = httpx.post(
+        f"{url}/v1/admin/tenants/acme/api_keys", json={"name": "t"}, headers=ADMIN
+    ).json()["key"]
+    return {"Authorization": f"Bearer {key}"}
+
+
 def _spilled(settings: Settings) -> int:
     spill_dir = settings.app.data_dir / "ingest"
     return sum(len(p.read_bytes().splitlines()) for p in spill_dir.glob("capture-spill.jsonl*"))
@@ -51,16 +61,7 @@ def test_calls_succeed_while_nats_is_away_and_no_sample_is_lost(
         gateway = RunningProcess(component, tmp_path / "ingest.log", env=env)
         gateway.start()
         url = f"http://127.0.0.1:{settings.services.ingest_port}"
-        assert (
-            httpx.post(
-                f"{url}/v1/admin/tenants", json={"id": "acme", "name": "Acme"}, headers=ADMIN
-            ).status_code
-            == 201
-        )
-        key = httpx.post(
-            f"{url}/v1/admin/tenants/acme/api_keys", json={"name": "t"}, headers=ADMIN
-        ).json()["key"]
-        auth = {"Authorization": f"Bearer {key}"}
+        auth = _tenant_auth(url)
         body = recorded("oa01_tool_calls_multiturn")["request"]["body"]
 
         def stored() -> int:
@@ -117,12 +118,7 @@ def test_a_running_gateway_delivers_what_it_spilled_once_nats_returns(
         )
         gateway.start()
         url = f"http://127.0.0.1:{settings.services.ingest_port}"
-        tenant = {"id": "acme", "name": "Acme"}
-        assert httpx.post(f"{url}/v1/admin/tenants", json=tenant, headers=ADMIN).status_code == 201
-        key = httpx.post(
-            f"{url}/v1/admin/tenants/acme/api_keys", json={"name": "t"}, headers=ADMIN
-        ).json()["key"]
-        auth = {"Authorization": f"Bearer {key}"}
+        auth = _tenant_auth(url)
         body = recorded("oa01_tool_calls_multiturn")["request"]["body"]
 
         def stored() -> int:

@@ -223,6 +223,25 @@ def test_refusals_come_in_each_providers_shape(edge: Edge) -> None:
     )
     assert gemini.status_code == 404
     assert gemini.json()["error"]["status"] == "NOT_FOUND"
+    # A model no Gemini upstream serves, with a valid key: Gemini's own 404 body.
+    unknown = httpx.post(
+        f"{edge.url}/v1beta/models/palm-2:generateContent",
+        json={"contents": [{"parts": [{"text": "hi"}]}]},
+        headers={"x-goog-api-key": edge.key},
+    )
+    assert unknown.status_code == 404
+    error = unknown.json()["error"]
+    assert (error["code"], error["status"]) == (404, "NOT_FOUND")
+    assert "palm-2" in error["message"]
+    # Anthropic's error shape names its type.
+    refused = httpx.post(
+        f"{edge.url}/v1/messages",
+        json={"model": "unknown-model", "max_tokens": 5, "messages": []},
+        headers={"x-api-key": edge.key},
+    )
+    assert refused.status_code == 404
+    assert refused.json()["type"] == "error"
+    assert refused.json()["error"]["type"] == "not_found_error"
 
 
 def test_openai_responses_api_through_the_gateway_is_captured_plain_and_streamed(
