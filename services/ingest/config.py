@@ -64,8 +64,8 @@ class IngestSettings(BaseSettings):
     otlp_process_min_bytes: int = Field(default=64 * 1024, ge=0)
     # The OTLP pool's CPU class (shared.processes). batch: a full share of the cores, but a pool
     # process that wakes does not preempt the one running, so the busy processes of a loaded
-    # 2-core machine (the pool's, the service's, NATS) switch less: in bench-ingest ~2-3 % more
-    # spans/s than normal, in 12 of 16 paired runs (docs/ingest.md).
+    # 2-core machine (the pool's, the service's, NATS) switch less: in bench-ingest ~3-4 % more
+    # spans/s than normal, better in 16 of 20 paired comparisons (docs/ingest.md).
     otlp_cpu: CpuClass = "batch"
     # The shipper and persister processes run in this CPU class (shared.processes), so on a
     # machine they share with the gateway a call never waits for their batches: they catch up
