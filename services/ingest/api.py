@@ -392,8 +392,8 @@ async def import_samples(
             format=format,
             rejections=rejections,
         )
-        await asyncio.to_thread(rejections.store, ingest.store, errors_key)
-    report.errors_url = f"/v1/samples/imports/{file_id}/errors"
+        if await uploads.store_rejections(rejections, ingest.store, errors_key):
+            report.errors_url = f"/v1/samples/imports/{file_id}/errors"
     return {"import_id": file_id, **report.to_dict()}
 
 

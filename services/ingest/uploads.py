@@ -40,7 +40,7 @@ from services.ingest.pipeline import CapturePipeline
 from shared.chat import Sample
 from shared.db import session_scope, utcnow
 from shared.processes import pid_alive
-from shared.storage import ObjectStore
+from shared.storage import ObjectStore, StorageError
 
 log = logging.getLogger("tuneloop.ingest.uploads")
 
@@ -83,6 +83,18 @@ class RejectionLog:
         """Blocking: run it in a thread."""
         self._file.flush()
         store.put_file(key, self._file.name, content_type="application/jsonl")
+
+
+async def store_rejections(rejections: RejectionLog, store: ObjectStore, key: str) -> bool:
+    """Store the complete list; False (logged) when object storage fails. The upload itself is
+    done by then, its samples captured: only the list is missing, and the caller's report says
+    so (`errors_url` null) rather than the upload failing."""
+    try:
+        await asyncio.to_thread(rejections.store, store, key)
+    except StorageError as exc:
+        log.warning("the rejected lines for %s could not be stored: %s", key, exc)
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -421,13 +433,13 @@ async def _import_file(
                 format=row.format,
                 rejections=rejections,
             )
-            await asyncio.to_thread(rejections.store, store, file_errors_key(row.tenant, row.id))
+            listed = await store_rejections(rejections, store, file_errors_key(row.tenant, row.id))
     except Exception as exc:
         log.exception("file %s could not be processed", row.id)
         return {"status": "error", "status_details": f"{type(exc).__name__}: {exc}"[:2000]}
     finally:
         local.unlink(missing_ok=True)
-    report.errors_url = f"/v1/files/{row.id}/errors"
+    report.errors_url = f"/v1/files/{row.id}/errors" if listed else None
     summary = report.to_dict()
     return {
         "status": "processed",
