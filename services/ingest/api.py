@@ -301,7 +301,7 @@ def get_file(file_id: str, principal: auth.PrincipalDep, engine: EngineDep) -> d
 )
 async def file_content(file_id: str, request: Request, ingest: IngestDep) -> FileResponse:
     principal = await _principal(request, ingest)
-    row = _file_row(ingest.engine, principal.tenant_id, file_id)
+    row = await asyncio.to_thread(_file_row, ingest.engine, principal.tenant_id, file_id)
     key = uploads.file_key(row.tenant, row.id)
     return await _download(ingest, key, f"file {file_id!r} not found", filename=row.filename)
 
@@ -314,7 +314,7 @@ async def file_content(file_id: str, request: Request, ingest: IngestDep) -> Fil
 )
 async def file_errors(file_id: str, request: Request, ingest: IngestDep) -> FileResponse:
     principal = await _principal(request, ingest)
-    row = _file_row(ingest.engine, principal.tenant_id, file_id)
+    row = await asyncio.to_thread(_file_row, ingest.engine, principal.tenant_id, file_id)
     if row.status != "processed":
         raise HTTPException(
             status.HTTP_409_CONFLICT,
@@ -328,13 +328,17 @@ async def file_errors(file_id: str, request: Request, ingest: IngestDep) -> File
 async def delete_file(file_id: str, request: Request, ingest: IngestDep) -> dict[str, Any]:
     """The file, its list of rejected lines and its row go; samples made from it stay."""
     principal = await _principal(request, ingest)
-    row = _file_row(ingest.engine, principal.tenant_id, file_id)
+    row = await asyncio.to_thread(_file_row, ingest.engine, principal.tenant_id, file_id)
     for key in (uploads.file_key(row.tenant, row.id), uploads.file_errors_key(row.tenant, row.id)):
         await asyncio.to_thread(ingest.store.delete, key)
-    with session_scope(ingest.engine) as session:
-        session.execute(sa.delete(UploadedFile).where(col(UploadedFile.id) == row.id))
-        session.commit()
+    await asyncio.to_thread(_delete_row, ingest.engine, row.id)
     return {"id": row.id, "object": "file", "deleted": True}
+
+
+def _delete_row(engine: Engine, file_id: str) -> None:
+    with session_scope(engine) as session:
+        session.execute(sa.delete(UploadedFile).where(col(UploadedFile.id) == file_id))
+        session.commit()
 
 
 async def _download(
