@@ -67,6 +67,7 @@ def test_bad_bodies_get_a_clear_4xx_never_a_5xx(
     path, content_type = route
     if path == "/v1/samples/import":
         body = body + b"\n" + body  # several lines, some of them whole JSON documents
+    forwarded_before = len(edge.upstream.received)
     answer = httpx.post(
         f"{edge.url}{path}",
         content=body,
@@ -85,9 +86,11 @@ def test_bad_bodies_get_a_clear_4xx_never_a_5xx(
     else:
         refusal = _gateway_refusal(path, body)
         if refusal is None:  # routed: the fake upstream got it and answered
+            assert len(edge.upstream.received) == forwarded_before + 1
             assert edge.upstream.received[-1].raw == body  # byte for byte
         else:
             assert answer.status_code == refusal, (answer.status_code, answer.text[:300])
+            assert len(edge.upstream.received) == forwarded_before  # answered by the gateway
     if answer.status_code >= 400 and answer.headers["content-type"] == "application/x-protobuf":
         assert Status.FromString(answer.content).message, answer.content  # OTLP's failure body
     elif answer.status_code >= 400:
