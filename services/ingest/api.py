@@ -5,16 +5,16 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Annotated, Any, BinaryIO
+from urllib.parse import quote
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
-from fastapi.responses import FileResponse, Response
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
-from starlette.background import BackgroundTask
 from starlette.datastructures import FormData
 from starlette.datastructures import UploadFile as StarletteUploadFile
 from starlette.types import Message, Receive, Scope, Send
@@ -297,9 +297,9 @@ def get_file(file_id: str, principal: auth.PrincipalDep, engine: EngineDep) -> d
     "/v1/files/{file_id}/content",
     tags=["uploads"],
     summary="The file as uploaded",
-    response_class=FileResponse,
+    response_class=StreamingResponse,
 )
-async def file_content(file_id: str, request: Request, ingest: IngestDep) -> FileResponse:
+async def file_content(file_id: str, request: Request, ingest: IngestDep) -> StreamingResponse:
     principal = await _principal(request, ingest)
     row = await asyncio.to_thread(_file_row, ingest.engine, principal.tenant_id, file_id)
     key = uploads.file_key(row.tenant, row.id)
@@ -310,9 +310,9 @@ async def file_content(file_id: str, request: Request, ingest: IngestDep) -> Fil
     "/v1/files/{file_id}/errors",
     tags=["uploads"],
     summary="Every rejected line of a processed file (JSONL)",
-    response_class=FileResponse,
+    response_class=StreamingResponse,
 )
-async def file_errors(file_id: str, request: Request, ingest: IngestDep) -> FileResponse:
+async def file_errors(file_id: str, request: Request, ingest: IngestDep) -> StreamingResponse:
     principal = await _principal(request, ingest)
     row = await asyncio.to_thread(_file_row, ingest.engine, principal.tenant_id, file_id)
     if row.status != "processed":
@@ -343,20 +343,28 @@ def _delete_row(engine: Engine, file_id: str) -> None:
 
 async def _download(
     ingest: Ingest, key: str, missing: str, *, filename: str | None = None
-) -> FileResponse:
-    """An object of the store as a streamed JSONL response, from a local copy that goes once
-    sent (the store's client is blocking; the copy keeps a large object out of memory)."""
+) -> StreamingResponse:
+    """An object of the store as a streamed JSONL response, from a local copy (the store's
+    client is blocking; the copy keeps a large object out of memory). The copy is unlinked as
+    soon as it is open, so it goes however the response ends, a dropped client included."""
     local = ingest.spool_dir / f"{os.getpid()}.{uuid.uuid4().hex}.upload"
     try:
         await asyncio.to_thread(ingest.store.get_file, key, local)
     except ObjectNotFound:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=missing) from None
-    return FileResponse(
-        local,
-        media_type="application/jsonl",
-        filename=filename,
-        background=BackgroundTask(local.unlink, missing_ok=True),
-    )
+    handle = local.open("rb")
+    local.unlink()
+    headers = {"content-length": str(os.fstat(handle.fileno()).st_size)}
+    if filename:
+        headers["content-disposition"] = f"attachment; filename*=utf-8''{quote(filename)}"
+    return StreamingResponse(_read_all(handle), media_type="application/jsonl", headers=headers)
+
+
+def _read_all(handle: BinaryIO) -> Iterator[bytes]:
+    """The file's bytes in 1 MiB chunks (Starlette reads a plain iterator in a thread)."""
+    with handle:
+        while chunk := handle.read(1 << 20):
+            yield chunk
 
 
 @router.get("/v1/files", tags=["uploads"])
@@ -405,9 +413,9 @@ async def import_samples(
     "/v1/samples/imports/{import_id}/errors",
     tags=["uploads"],
     summary="Every rejected line of a streamed import (JSONL)",
-    response_class=FileResponse,
+    response_class=StreamingResponse,
 )
-async def import_errors(import_id: str, request: Request, ingest: IngestDep) -> FileResponse:
+async def import_errors(import_id: str, request: Request, ingest: IngestDep) -> StreamingResponse:
     principal = await _principal(request, ingest)
     key = uploads.import_errors_key(principal.tenant_id, import_id)
     return await _download(ingest, key, f"import {import_id!r} not found")

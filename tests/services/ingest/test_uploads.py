@@ -212,6 +212,11 @@ def test_every_rejected_line_is_listed_beyond_the_reports_first_thousand(edge: E
 
     content = httpx.get(f"{url}/content", headers=key)
     assert (content.status_code, content.content) == (200, body)
+    assert content.headers["content-length"] == str(len(body))
+    assert content.headers["content-disposition"] == "attachment; filename*=utf-8''many.jsonl"
+    # The local copies the downloads were streamed from are gone.
+    spool = edge.settings.app.data_dir.resolve() / "ingest" / "uploads"
+    assert sorted(spool.glob("*.upload")) == []
     other = {"Authorization": f"Bearer {edge.other_key}"}
     for path in ("", "/content", "/errors"):
         assert httpx.get(f"{url}{path}", headers=other).status_code == 404
