@@ -293,6 +293,12 @@ def get_file(file_id: str, principal: auth.PrincipalDep, engine: EngineDep) -> d
     return uploads.file_object(_file_row(engine, principal.tenant_id, file_id))
 
 
+async def _owned_file(request: Request, ingest: Ingest, file_id: str) -> UploadedFile:
+    """The caller's file by id; another tenant's is as absent as a missing one (404)."""
+    principal = await _principal(request, ingest)
+    return await asyncio.to_thread(_file_row, ingest.engine, principal.tenant_id, file_id)
+
+
 @router.get(
     "/v1/files/{file_id}/content",
     tags=["uploads"],
@@ -300,8 +306,7 @@ def get_file(file_id: str, principal: auth.PrincipalDep, engine: EngineDep) -> d
     response_class=StreamingResponse,
 )
 async def file_content(file_id: str, request: Request, ingest: IngestDep) -> StreamingResponse:
-    principal = await _principal(request, ingest)
-    row = await asyncio.to_thread(_file_row, ingest.engine, principal.tenant_id, file_id)
+    row = await _owned_file(request, ingest, file_id)
     key = uploads.file_key(row.tenant, row.id)
     return await _download(ingest, key, f"file {file_id!r} not found", filename=row.filename)
 
@@ -313,8 +318,7 @@ async def file_content(file_id: str, request: Request, ingest: IngestDep) -> Str
     response_class=StreamingResponse,
 )
 async def file_errors(file_id: str, request: Request, ingest: IngestDep) -> StreamingResponse:
-    principal = await _principal(request, ingest)
-    row = await asyncio.to_thread(_file_row, ingest.engine, principal.tenant_id, file_id)
+    row = await _owned_file(request, ingest, file_id)
     if row.status != "processed":
         raise HTTPException(
             status.HTTP_409_CONFLICT,
@@ -327,8 +331,7 @@ async def file_errors(file_id: str, request: Request, ingest: IngestDep) -> Stre
 @router.delete("/v1/files/{file_id}", tags=["uploads"], summary="Delete a file")
 async def delete_file(file_id: str, request: Request, ingest: IngestDep) -> dict[str, Any]:
     """The file, its list of rejected lines and its row go; samples made from it stay."""
-    principal = await _principal(request, ingest)
-    row = await asyncio.to_thread(_file_row, ingest.engine, principal.tenant_id, file_id)
+    row = await _owned_file(request, ingest, file_id)
     for key in (uploads.file_key(row.tenant, row.id), uploads.file_errors_key(row.tenant, row.id)):
         await asyncio.to_thread(ingest.store.delete, key)
     await asyncio.to_thread(_delete_row, ingest.engine, row.id)

@@ -12,7 +12,7 @@ import pytest
 
 from shared import db, localstack
 from shared.settings import Settings
-from tests.fakes.upstream import RunningUpstream, gateway_env, recorded
+from tests.fakes.upstream import FakeUpstream, RunningUpstream, gateway_env, recorded
 from tests.plugins.infra import (
     RunningProcess,
     settings_on_private_nats,
@@ -20,6 +20,18 @@ from tests.plugins.infra import (
 from tests.services.ingest.conftest import ADMIN
 
 CALLS_WHILE_AWAY = 5
+
+
+def _start_gateway(
+    settings: Settings, upstream: FakeUpstream, directory: Path, capture: str
+) -> tuple[RunningProcess, dict[str, str]]:
+    """An ingest process in `capture` mode, routing to the fake; and its environment."""
+    env = gateway_env(settings, upstream, directory) | {"TUNELOOP_INGEST_CAPTURE": capture}
+    gateway = RunningProcess(
+        localstack.component(settings, "ingest"), directory / "ingest.log", env=env
+    )
+    gateway.start()
+    return gateway, env
 
 
 def _tenant_auth(url: str) -> dict[str, str]:
@@ -56,10 +68,8 @@ def test_calls_succeed_while_nats_is_away_and_no_sample_is_lost(
     settings = settings_on_private_nats(tmp_path / "svc", private_nats, stack_settings)
     db.migrate(settings.database_url)
     with RunningUpstream() as upstream:
-        env = gateway_env(settings, upstream, tmp_path) | {"TUNELOOP_INGEST_CAPTURE": capture}
         component = localstack.component(settings, "ingest")
-        gateway = RunningProcess(component, tmp_path / "ingest.log", env=env)
-        gateway.start()
+        gateway, env = _start_gateway(settings, upstream, tmp_path, capture)
         url = f"http://127.0.0.1:{settings.services.ingest_port}"
         auth = _tenant_auth(url)
         body = recorded("oa01_tool_calls_multiturn")["request"]["body"]
@@ -112,11 +122,7 @@ def test_a_running_gateway_delivers_what_it_spilled_once_nats_returns(
     settings = settings_on_private_nats(tmp_path / "svc", private_nats, stack_settings)
     db.migrate(settings.database_url)
     with RunningUpstream() as upstream:
-        env = gateway_env(settings, upstream, tmp_path) | {"TUNELOOP_INGEST_CAPTURE": capture}
-        gateway = RunningProcess(
-            localstack.component(settings, "ingest"), tmp_path / "ingest.log", env=env
-        )
-        gateway.start()
+        gateway, _ = _start_gateway(settings, upstream, tmp_path, capture)
         url = f"http://127.0.0.1:{settings.services.ingest_port}"
         auth = _tenant_auth(url)
         body = recorded("oa01_tool_calls_multiturn")["request"]["body"]
