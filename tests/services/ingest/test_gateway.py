@@ -172,6 +172,7 @@ def test_request_bytes_go_upstream_unchanged_and_images_are_stored_by_content(
         ("/v1/messages", anthropic_body, {"x-api-key": edge.key, "anthropic-version": "2023-06-01"}),
         ("/v1beta/models/gemini-2.5-flash:generateContent", gemini_body, {"x-goog-api-key": edge.key}),
     ]  # fmt: skip
+    digest = hashlib.sha256(PNG).hexdigest()
     refs = set()
     for n, (path, body, key) in enumerate(calls):
         tag = f"bytes-{n}"
@@ -184,15 +185,10 @@ def test_request_bytes_go_upstream_unchanged_and_images_are_stored_by_content(
         [sample] = edge.wait_for_samples(1, tag=tag)
         assert edge.key not in json.dumps(sample)
         [image] = _images(sample)
-        assert (image["sha256"], image["mime_type"]) == (
-            hashlib.sha256(PNG).hexdigest(),
-            "image/png",
-        )
+        assert (image["sha256"], image["mime_type"]) == (digest, "image/png")
         refs.add(image["ref"])
     [ref] = refs  # content-addressed: one object for the three
-    assert ref.endswith(
-        f"/tenants/acme/media/{hashlib.sha256(PNG).hexdigest()[:2]}/{hashlib.sha256(PNG).hexdigest()}"
-    )
+    assert ref.endswith(f"/tenants/acme/media/{digest[:2]}/{digest}")
     assert ObjectStore.from_settings(edge.settings.s3).get_bytes(ref) == PNG
 
 
