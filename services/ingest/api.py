@@ -191,9 +191,6 @@ class _TooLarge(Exception):
 async def _upload_form(request: Request, limit: int) -> FormData:
     """The multipart form, read only now (after the key was checked) and cut off past `limit`
     bytes (413), whether or not the request declared its length."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise HTTPException(413, detail=f"file: the body is over the upload limit of {limit} bytes")
     received = 0
 
     async def receive() -> Message:
@@ -204,12 +201,14 @@ async def _upload_form(request: Request, limit: int) -> FormData:
             raise _TooLarge
         return message
 
+    declared = request.headers.get("content-length", "")
     try:
+        if declared.isdigit() and int(declared) > limit:
+            raise _TooLarge
         return await Request(request.scope, receive).form(max_files=1, max_fields=8)
     except _TooLarge:
-        raise HTTPException(
-            413, detail=f"file: the body is over the upload limit of {limit} bytes"
-        ) from None
+        detail = f"file: the body is over the upload limit of {limit} bytes"
+        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, detail=detail) from None
 
 
 def _form_text(form: FormData, name: str, default: str | None = None) -> str:

@@ -209,6 +209,13 @@ class FakeUpstream:
             content, status_code=response["status"], media_type=media_type, headers=headers
         )
 
+    async def _record(
+        self, request: Request, body: dict[str, Any], *, path: str | None = None
+    ) -> None:
+        """Keep what arrived (the body parsed and as bytes) for the test's assertions."""
+        raw = await request.body()
+        self.received.append(Received(path or request.url.path, dict(request.headers), body, raw))
+
     async def _check_key(self, request: Request, api: str) -> Response | None:
         expected = UPSTREAM_KEYS[api]
         presented = {
@@ -229,9 +236,7 @@ class FakeUpstream:
                 {"error": {"message": "fake upstream: body is not a JSON object", "code": 400}},
                 status_code=400,
             )
-        self.received.append(
-            Received(request.url.path, dict(request.headers), body, await request.body())
-        )
+        await self._record(request, body)
         if (refused := await self._check_key(request, "openai")) is not None:
             return refused
         return self._reply(
@@ -250,9 +255,7 @@ class FakeUpstream:
                 {"error": {"message": "fake upstream: body is not a JSON object", "code": 400}},
                 status_code=400,
             )
-        self.received.append(
-            Received(request.url.path, dict(request.headers), body, await request.body())
-        )
+        await self._record(request, body)
         if (refused := await self._check_key(request, "anthropic")) is not None:
             return refused
         return self._reply(
@@ -271,14 +274,8 @@ class FakeUpstream:
                 {"error": {"message": "fake upstream: body is not a JSON object", "code": 400}},
                 status_code=400,
             )
-        self.received.append(
-            Received(
-                request.url.path + ("?" + request.url.query if request.url.query else ""),
-                dict(request.headers),
-                body,
-                await request.body(),
-            )
-        )
+        query = "?" + request.url.query if request.url.query else ""
+        await self._record(request, body, path=request.url.path + query)
         if (refused := await self._check_key(request, "gemini")) is not None:
             return refused
         action = request.path_params["model_action"].rpartition(":")[2]
@@ -302,7 +299,7 @@ class FakeUpstream:
             return JSONResponse({"error": {"message": "fake upstream: not a JSON object"}}, 400)
         path = request.url.path
         api = "anthropic" if path.startswith("/v1/messages") else "openai"
-        self.received.append(Received(path, dict(request.headers), body, await request.body()))
+        await self._record(request, body)
         if (refused := await self._check_key(request, api)) is not None:
             return refused
         if path == "/v1/responses" and body.get("stream"):
@@ -312,9 +309,7 @@ class FakeUpstream:
     async def stored_response(self, request: Request) -> Response:
         """The Responses API's calls about a stored response (no model in them)."""
         body = await _json(request) if request.method == "POST" else {}
-        self.received.append(
-            Received(request.url.path, dict(request.headers), body or {}, await request.body())
-        )
+        await self._record(request, body or {})
         if (refused := await self._check_key(request, "openai")) is not None:
             return refused
         response_id = request.path_params["response_id"]
@@ -331,9 +326,7 @@ class FakeUpstream:
         body = await _json(request)
         if body is None:
             return JSONResponse({"error": {"message": "fake upstream: not a JSON object"}}, 400)
-        self.received.append(
-            Received(request.url.path, dict(request.headers), body, await request.body())
-        )
+        await self._record(request, body)
         if (refused := await self._check_key(request, "openai")) is not None:
             return refused
         return JSONResponse(MODERATION)
@@ -341,9 +334,7 @@ class FakeUpstream:
     async def deployed(self, request: Request) -> Response:
         """A model we deployed ourselves: OpenAI-compatible, no provider key."""
         body = await _json(request)
-        self.received.append(
-            Received(request.url.path, dict(request.headers), body or {}, await request.body())
-        )
+        await self._record(request, body or {})
         return self._reply(request=request, exchange=recorded("oa01_tool_calls_multiturn"))
 
     def app(self) -> Starlette:

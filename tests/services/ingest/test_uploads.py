@@ -13,7 +13,9 @@ import openai
 from sqlmodel import Session
 
 from services.ingest.models import UploadedFile
+from services.ingest.uploads import file_errors_key, file_key
 from shared import db, localstack
+from shared.storage import ObjectStore
 from tests.services.ingest.conftest import UPLOAD_LIMIT, Edge
 
 GOOD = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
@@ -221,10 +223,14 @@ def test_every_rejected_line_is_listed_beyond_the_reports_first_thousand(edge: E
     for path in ("", "/content", "/errors"):
         assert httpx.get(f"{url}{path}", headers=other).status_code == 404
     assert httpx.delete(url, headers=other).status_code == 404
+    store = ObjectStore.from_settings(edge.settings.s3)
+    objects = (file_key("acme", created["id"]), file_errors_key("acme", created["id"]))
+    assert all(store.exists(stored) for stored in objects)
     deleted = httpx.delete(url, headers=key)
     assert deleted.json() == {"id": created["id"], "object": "file", "deleted": True}
     for path in ("", "/content", "/errors"):
         assert httpx.get(f"{url}{path}", headers=key).status_code == 404
+    assert not any(store.exists(stored) for stored in objects)  # they went with the row
     assert created["id"] not in [
         f["id"] for f in httpx.get(f"{edge.url}/v1/files", headers=key).json()["data"]
     ]
