@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from shared.chat import Sample
-
-TaskKind = Literal["json", "short_label", "tool_calls", "free_text"]
+from shared.tasks import TaskKind
 
 # Shares of the final assistant turns that decide the kind (see `task_kind`).
 JSON_SHARE = 0.8

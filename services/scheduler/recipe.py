@@ -12,8 +12,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from services.scheduler.analysis import DatasetProfile, TaskKind, task_kind
+from services.scheduler.analysis import DatasetProfile, task_kind
 from services.scheduler.throughput import Throughput
+from shared.tasks import TaskKind
 
 # KNOWLEDGE.md, "How many epochs": the table row each task kind belongs to, (low, high).
 EPOCH_TABLE: dict[TaskKind, tuple[float, float, str]] = {
