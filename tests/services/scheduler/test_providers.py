@@ -1,0 +1,79 @@
+"""The local provider runs real detached processes: exit codes, cancel with grace, lost ones."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from services.scheduler.providers import Handle, LocalProvider, Status
+
+PY = sys.executable
+# Exits 0 on SIGTERM after "checkpointing" (a line in its log), as the trainer does.
+POLITE = (
+    "import signal, sys, time\n"
+    "def stop(*_):\n"
+    "    print('checkpoint saved', flush=True); sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
+    "print('training', flush=True)\n"
+    "time.sleep(60)\n"
+)
+STUBBORN = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n"
+
+
+def wait_for(provider: LocalProvider, handle: Handle, timeout_s: float = 20.0) -> Status:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = provider.poll(handle)
+        if status.state != "running":
+            return status
+        time.sleep(0.1)
+    raise AssertionError(f"still running after {timeout_s}s")
+
+
+def wait_for_log(provider: LocalProvider, handle: Handle, text: str) -> None:
+    deadline = time.monotonic() + 20
+    while text not in provider.logs(handle):
+        assert time.monotonic() < deadline, provider.logs(handle)
+        time.sleep(0.05)
+
+
+def test_an_exit_code_is_recorded(tmp_path: Path) -> None:
+    provider = LocalProvider()
+    handle = provider.submit(
+        [PY, "-c", "print('boom'); raise SystemExit(3)"], work_dir=tmp_path, env=dict(os.environ)
+    )
+    status = wait_for(provider, handle)
+    assert status == Status("exited", 3, "exited with status 3")
+    assert "boom" in provider.logs(handle)
+
+
+def test_cancel_lets_the_trainer_checkpoint_and_exit(tmp_path: Path) -> None:
+    provider = LocalProvider()
+    handle = provider.submit([PY, "-c", POLITE], work_dir=tmp_path, env=dict(os.environ))
+    wait_for_log(provider, handle, "training")
+    assert provider.poll(handle).state == "running"
+    status = provider.cancel(handle, grace_s=10)
+    assert status == Status("exited", 0, "exited normally")
+    assert "checkpoint saved" in provider.logs(handle)
+
+
+def test_cancel_kills_a_trainer_that_ignores_sigterm_after_the_grace(tmp_path: Path) -> None:
+    provider = LocalProvider()
+    handle = provider.submit([PY, "-c", STUBBORN], work_dir=tmp_path, env=dict(os.environ))
+    time.sleep(0.5)
+    status = provider.cancel(handle, grace_s=1)
+    assert status == Status("exited", -signal.SIGKILL, "killed by SIGKILL")
+
+
+def test_a_killed_launcher_is_lost_and_a_recycled_pid_is_not_ours(tmp_path: Path) -> None:
+    provider = LocalProvider()
+    handle = provider.submit([PY, "-c", POLITE], work_dir=tmp_path, env=dict(os.environ))
+    wait_for_log(provider, handle, "training")
+    pid = int(handle.ref.partition(":")[0])
+    impostor = Handle("local", f"{os.getpid()}:0.0", str(tmp_path / "other"))
+    assert provider.poll(impostor).state == "lost"
+    os.killpg(os.getpgid(pid), signal.SIGKILL)
+    assert wait_for(provider, handle).state == "lost"
