@@ -7,6 +7,11 @@ a fast hash is right for 256 random bits. The plaintext leaves `issue_api_key` o
 Apps give the guards their database by keeping the engine on `app.state.db_engine` (set in the
 lifespan, see shared.db.get_engine) or by overriding `shared.db.get_engine`; `require_admin` reads
 `AuthSettings` through the overridable `get_auth_settings` dependency.
+
+Every key has a scope (docs/keys.md): `read` (GET only), `write` (read + every change of the
+tenant's data, gateway calls included), `admin` (write + the tenant's own keys) and `internal`
+(the platform's own calls through the gateway, and reads; the only scope that may tag a call
+with its purpose). Routes ask with `require_scope`, or `require_access` (by HTTP method).
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ import re
 import secrets
 import string
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Annotated
+from typing import Annotated, Literal, get_args
 from uuid import uuid4
 
 from fastapi import Depends, HTTPException, Request, status
@@ -49,6 +55,19 @@ _LAST_USED_RESOLUTION = timedelta(minutes=1)
 _NO_SUCH_HASH = hashlib.sha256(b"no such key").hexdigest()
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="tuneloop"'}
 
+Scope = Literal["read", "write", "admin", "internal"]
+SCOPES: tuple[Scope, ...] = get_args(Scope)
+DEFAULT_SCOPE: Scope = "write"
+# What a key of each scope may do, named by the scopes a route accepts: an admin key does what
+# a write key does; an internal key reads and calls the gateway, but changes nothing else.
+_GRANTS: dict[Scope, frozenset[Scope]] = {
+    "read": frozenset({"read"}),
+    "write": frozenset({"read", "write"}),
+    "admin": frozenset({"read", "write", "admin"}),
+    "internal": frozenset({"read", "internal"}),
+}
+_READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
 
 class Tenant(SQLModel, table=True):
     __tablename__ = "auth_tenants"
@@ -68,6 +87,10 @@ class ApiKey(SQLModel, table=True):
     name: str = Field(max_length=NAME_MAX_LENGTH)
     prefix: str = Field(unique=True, index=True, max_length=8)
     key_hash: str = Field(max_length=64, repr=False)
+    # Keys issued before scopes existed keep the full rights they had (the migration's default).
+    scope: str = Field(
+        default=DEFAULT_SCOPE, max_length=16, sa_column_kwargs={"server_default": DEFAULT_SCOPE}
+    )
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     last_used_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     revoked_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
@@ -79,6 +102,11 @@ class Principal:
 
     tenant_id: str
     key_id: str
+    scope: Scope = DEFAULT_SCOPE
+
+    def may(self, *accepted: Scope) -> bool:
+        """Whether this key's scope grants any of the `accepted` ones."""
+        return any(scope in _GRANTS[self.scope] for scope in accepted)
 
 
 class AuthError(Exception):
@@ -99,6 +127,11 @@ class UnknownKeyError(AuthError):
 
 class RevokedKeyError(AuthError):
     pass
+
+
+class ScopeError(Exception):
+    """The key is valid but its scope does not allow the call (maps to 403). The message names
+    the scope needed and never contains the key."""
 
 
 class AuthInputError(ValueError):
@@ -130,6 +163,22 @@ def _check_name(name: str, *, field: str) -> None:
         raise AuthInputError(f"{field}: must be 1-{NAME_MAX_LENGTH} characters, not blank")
 
 
+def check_scope(principal: Principal, *accepted: Scope, action: str) -> Principal:
+    """The principal, if its key's scope grants one of `accepted`; else ScopeError naming what
+    `action` (e.g. `POST /v1/files`) needs."""
+    if principal.may(*accepted):
+        return principal
+    needed = " or ".join(repr(scope) for scope in accepted)
+    raise ScopeError(
+        f"this API key has scope {principal.scope!r}; {action} needs a key with scope {needed}"
+    )
+
+
+def scopes_for_method(method: str) -> tuple[Scope, ...]:
+    """The default rule: reading (GET, HEAD) needs `read`, any other method `write`."""
+    return ("read",) if method.upper() in _READ_METHODS else ("write",)
+
+
 # --- crud -------------------------------------------------------------------------------------
 
 
@@ -152,6 +201,17 @@ def create_tenant(session: Session, *, tenant_id: str, name: str) -> Tenant:
     return tenant
 
 
+def ensure_tenant(session: Session, *, tenant_id: str, name: str | None = None) -> bool:
+    """Create the tenant unless it exists; returns whether it was created."""
+    if session.get(Tenant, tenant_id) is not None:
+        return False
+    try:
+        create_tenant(session, tenant_id=tenant_id, name=name or tenant_id)
+    except TenantExistsError:  # created by another process just now
+        return False
+    return True
+
+
 def _unused_prefix(session: Session) -> str:
     # 36**8 prefixes make a clash rare; the loop makes it harmless.
     for _ in range(10):
@@ -161,18 +221,24 @@ def _unused_prefix(session: Session) -> str:
     raise RuntimeError("could not find an unused API key prefix in 10 tries")
 
 
-def issue_api_key(session: Session, *, tenant_id: str, name: str) -> tuple[ApiKey, str]:
+def issue_api_key(
+    session: Session, *, tenant_id: str, name: str, scope: str = DEFAULT_SCOPE
+) -> tuple[ApiKey, str]:
     """Create a key for the tenant; returns the row and the plaintext (shown to the user once)."""
     _check_name(name, field="name")
+    if scope not in SCOPES:
+        raise AuthInputError(f"scope: {scope[:40]!r} is not one of {', '.join(SCOPES)}")
     if session.get(Tenant, tenant_id) is None:
         raise TenantNotFoundError(f"tenant {tenant_id!r} does not exist")
     prefix = _unused_prefix(session)
     plaintext = f"tl_{prefix}_{secrets.token_urlsafe(32)}"
-    key = ApiKey(tenant_id=tenant_id, name=name, prefix=prefix, key_hash=hash_key(plaintext))
+    key = ApiKey(
+        tenant_id=tenant_id, name=name, prefix=prefix, key_hash=hash_key(plaintext), scope=scope
+    )
     session.add(key)
     session.commit()
     session.refresh(key)
-    log.info("issued API key %s (%s) for tenant %s", key.id, prefix, tenant_id)
+    log.info("issued %s API key %s (%s) for tenant %s", scope, key.id, prefix, tenant_id)
     return key, plaintext
 
 
@@ -210,9 +276,18 @@ def authenticate(session: Session, presented_key: str) -> Principal:
     # Only the holder of the real key learns that it was revoked.
     if key.revoked_at is not None:
         raise RevokedKeyError(f"API key {key.prefix} was revoked")
-    principal = Principal(tenant_id=key.tenant_id, key_id=key.id)
+    principal = Principal(tenant_id=key.tenant_id, key_id=key.id, scope=_scope(key.scope))
     _touch(session, key)
     return principal
+
+
+def _scope(stored: str) -> Scope:
+    # A value no release writes (edited by hand) grants the least, not an error per request.
+    for scope in SCOPES:
+        if scope == stored:
+            return scope
+    log.warning("API key with unknown scope %r treated as read-only", stored[:16])
+    return "read"
 
 
 def _touch(session: Session, key: ApiKey) -> None:
@@ -261,6 +336,41 @@ def require_principal(
 
 
 PrincipalDep = Annotated[Principal, Depends(require_principal)]
+
+
+def forbidden(exc: ScopeError) -> HTTPException:
+    return HTTPException(status.HTTP_403_FORBIDDEN, detail=str(exc))
+
+
+def require_scope(*accepted: Scope) -> Callable[[Request, Principal], Principal]:
+    """A FastAPI dependency: the authenticated principal (401 as `require_principal`), whose
+    key's scope grants one of `accepted` (else 403 naming the scope needed)."""
+    if not accepted or any(scope not in SCOPES for scope in accepted):
+        raise ValueError(f"require_scope: give one or more of {', '.join(SCOPES)}")
+
+    def scoped(request: Request, principal: PrincipalDep) -> Principal:
+        try:
+            return check_scope(principal, *accepted, action=_action(request))
+        except ScopeError as exc:
+            raise forbidden(exc) from None
+
+    return scoped
+
+
+def require_access(request: Request, principal: PrincipalDep) -> Principal:
+    """A FastAPI dependency for a whole router: `scopes_for_method` decides (a read key may
+    GET, and gets 403 on every change)."""
+    try:
+        return check_scope(principal, *scopes_for_method(request.method), action=_action(request))
+    except ScopeError as exc:
+        raise forbidden(exc) from None
+
+
+def _action(request: Request) -> str:
+    return f"{request.method} {request.url.path}"
+
+
+WriterDep = Annotated[Principal, Depends(require_scope("write"))]
 
 
 def get_auth_settings() -> AuthSettings:

@@ -4,18 +4,21 @@ import asyncio
 import hashlib
 import threading
 from collections.abc import Callable
-from typing import Any
+from datetime import UTC, datetime
+from typing import Annotated, Any
 
 import pytest
 from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 from sqlalchemy import event, text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import URL, Engine
 from sqlmodel import Session, select
 
+from shared import db
 from shared.auth import (
     KEY_PATTERN,
+    SCOPES,
     ApiKey,
     ApiKeyNotFoundError,
     AuthInputError,
@@ -24,16 +27,21 @@ from shared.auth import (
     Principal,
     PrincipalDep,
     RevokedKeyError,
+    Scope,
+    ScopeError,
     Tenant,
     TenantExistsError,
     TenantNotFoundError,
     UnknownKeyError,
     authenticate,
+    check_scope,
     create_tenant,
     get_auth_settings,
     issue_api_key,
     list_api_keys,
+    require_access,
     require_admin,
+    require_scope,
     revoke_api_key,
 )
 from shared.db import get_engine
@@ -41,6 +49,8 @@ from shared.settings import AuthSettings
 
 ADMIN_TOKEN = "test-admin-token-0f9e8d7c"
 WELL_FORMED_UNKNOWN = "tl_zzzzzzzz_" + "A" * 43
+SCOPES_PARENT = "5b7c0f2d9a41"  # the revision before API key scopes
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -341,3 +351,112 @@ def test_cached_verify_asks_the_database_once_off_the_event_loop(
     assert len(lookups) == 2  # one for the burst and the cached call, one for the tampered key
     assert loop_thread not in lookups
     assert authenticator.cached(_tampered(plaintext)) is None  # failures are not remembered
+
+
+# --- scopes -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scope", ["read", "write", "admin", "internal"])
+def test_a_key_carries_its_scope_to_the_principal(
+    db_session: Session, acme: Tenant, scope: Scope
+) -> None:
+    key, plaintext = issue_api_key(db_session, tenant_id="acme", name="k", scope=scope)
+
+    assert key.scope == scope
+    assert authenticate(db_session, plaintext) == Principal("acme", key.id, scope)
+
+
+def test_keys_are_write_keys_unless_told_and_unknown_scopes_are_refused(
+    db_session: Session, acme: Tenant
+) -> None:
+    key, _ = issue_api_key(db_session, tenant_id="acme", name="k")
+    assert key.scope == "write"
+
+    with pytest.raises(AuthInputError, match="scope: 'owner' is not one of read, write"):
+        issue_api_key(db_session, tenant_id="acme", name="k", scope="owner")
+
+
+def test_what_each_scope_grants() -> None:
+    grants = {
+        scope: {wanted for wanted in SCOPES if Principal("acme", "k", scope).may(wanted)}
+        for scope in SCOPES
+    }
+    assert grants == {
+        "read": {"read"},
+        "write": {"read", "write"},
+        "admin": {"read", "write", "admin"},
+        "internal": {"read", "internal"},
+    }
+    read = Principal("acme", "k", "read")
+    with pytest.raises(
+        ScopeError, match=r"has scope 'read'; POST /x needs .* 'write' or 'internal'"
+    ):
+        check_scope(read, "write", "internal", action="POST /x")
+
+
+def test_keys_issued_before_scopes_keep_full_rights(blank_database_url: URL) -> None:
+    # The key row as the revision before scopes stored it; the migration must make it `write`.
+    db.migrate(blank_database_url, revision=SCOPES_PARENT)
+    engine = db.make_engine(blank_database_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text("INSERT INTO auth_tenants VALUES ('acme', 'Acme', :t)"), {"t": NOW}
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO auth_api_keys (id, tenant_id, name, prefix, key_hash, created_at)"
+                    " VALUES ('k1', 'acme', 'old', 'abcd1234', :h, :t)"
+                ),
+                {"h": "0" * 64, "t": NOW},
+            )
+        db.migrate(blank_database_url)
+        with Session(engine) as session:
+            assert [key.scope for key in session.exec(select(ApiKey)).all()] == ["write"]
+    finally:
+        engine.dispose()
+
+
+def _scoped_app(engine: Engine) -> FastAPI:
+    app = FastAPI()
+    app.state.db_engine = engine
+
+    @app.post("/things", dependencies=[Depends(require_scope("write"))])
+    def change() -> dict[str, bool]:
+        return {"changed": True}
+
+    @app.api_route("/by-method", methods=["GET", "DELETE"])
+    def by_method(principal: Annotated[Principal, Depends(require_access)]) -> dict[str, str]:
+        return {"scope": principal.scope}
+
+    return app
+
+
+def test_scope_guards_answer_403_naming_the_scope_needed(
+    db_engine: Engine, db_session: Session, acme: Tenant
+) -> None:
+    _, read = issue_api_key(db_session, tenant_id="acme", name="r", scope="read")
+    _, write = issue_api_key(db_session, tenant_id="acme", name="w", scope="write")
+    _, internal = issue_api_key(db_session, tenant_id="acme", name="i", scope="internal")
+
+    def auth(key: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"}
+
+    with TestClient(_scoped_app(db_engine)) as client:
+        refused = client.post("/things", headers=auth(read))
+        assert refused.status_code == 403
+        assert refused.json()["detail"] == (
+            "this API key has scope 'read'; POST /things needs a key with scope 'write'"
+        )
+        assert client.post("/things", headers=auth(internal)).status_code == 403
+        assert client.post("/things", headers=auth(write)).json() == {"changed": True}
+        assert client.post("/things").status_code == 401  # no key: still 401, not 403
+
+        assert client.get("/by-method", headers=auth(read)).json() == {"scope": "read"}
+        assert client.delete("/by-method", headers=auth(read)).status_code == 403
+        assert client.delete("/by-method", headers=auth(write)).json() == {"scope": "write"}
+
+
+def test_require_scope_refuses_a_scope_that_does_not_exist() -> None:
+    with pytest.raises(ValueError, match="require_scope: give one or more of read, write"):
+        require_scope("owner")  # type: ignore[arg-type]
