@@ -7,7 +7,9 @@ producer and consumer cannot drift apart. JetStream events are published with th
 pulled in batches with nats-py, for handlers that gain from doing many events at once. Events
 of a `bundled` class (sample.captured) may travel several to a message (`publish_many` makes
 such bundles, `consume_batches` opens them): a JetStream message costs ~150 us of client and
-server CPU, more than a captured sample's own bytes.
+server CPU, more than a captured sample's own bytes. Both consumption paths retry a recoverable
+fault for as long as it lasts and dead-letter a message that can never be handled (see
+shared.redelivery and docs/bus.md).
 """
 
 from __future__ import annotations
@@ -34,7 +36,10 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from tenacity import AsyncRetrying, RetryError, stop_after_delay, wait_exponential
 
+from shared import redelivery
 from shared.events import STREAMS, Event, Stream
+from shared.redelivery import PermanentError as PermanentError  # handlers raise bus.PermanentError
+from shared.redelivery import RetryPolicy as RetryPolicy
 from shared.settings import NatsSettings
 
 log = logging.getLogger("tuneloop.bus")
@@ -153,8 +158,9 @@ def stream_config(stream: Stream, settings: NatsSettings) -> StreamConfig:
 
 
 async def declare_streams(connection: NatsClient, settings: NatsSettings) -> None:
-    """Create every stream, or bring an existing one to the declared limits. Safe to run
-    concurrently. A server that cannot carry a stream's largest message is named in the log."""
+    """Create every stream, or bring an existing one to the declared limits, and every durable
+    consumer `subscribe` declared in this process to its config. Safe to run concurrently. A
+    server that cannot carry a stream's largest message is named in the log."""
     check_payload_limit(connection, settings)
     js = connection.jetstream()
     for stream in STREAMS:
@@ -165,6 +171,7 @@ async def declare_streams(connection: NatsClient, settings: NatsSettings) -> Non
             if exc.err_code != _STREAM_NAME_IN_USE:
                 raise
             await js.update_stream(config)
+    await redelivery.update_declared_consumers(js)
 
 
 def check_payload_limit(connection: NatsClient, settings: NatsSettings) -> bool:
@@ -383,17 +390,22 @@ def subscribe(
     event_cls: type[E],
     *,
     service: str,
-    max_deliver: int = 10,
+    max_deliver: int = redelivery.UNLIMITED,
     ack_wait_s: float = 60.0,
     batch_size: int = 32,
+    retry: RetryPolicy | None = None,
 ) -> Callable[[Handler], Any]:
     """Decorator: consume `event_cls` from every tenant.
 
     JetStream events use a durable pull consumer named for the service, so more instances of a
     service share the work and a restarted one carries on where the last left off. The message
-    is acked after the handler returns and nacked (redelivered, up to `max_deliver`) if it
-    raises. Core-NATS events (presence) are a plain subscription. A bundled event class is
-    refused: its messages may hold several events, which only `consume_batches` reads.
+    is acked after the handler returns. When it raises, the policy of shared.redelivery applies:
+    a recoverable fault is nacked with `retry`'s backoff and delivered again (without limit
+    unless `max_deliver` says otherwise); a message that does not decode or validate, or whose
+    handler raised `PermanentError` (or FastStream's RejectMessage), is dead-lettered and
+    terminated. A handler may also ack or nack the message itself. Core-NATS events (presence)
+    are a plain subscription. A bundled event class is refused: its messages may hold several
+    events, which only `consume_batches` reads.
     """
     if event_cls.bundled:
         raise ValueError(f"{event_cls.__name__} may arrive in bundles; use consume_batches")
@@ -403,21 +415,40 @@ def subscribe(
             event_cls.subject_pattern(), title=event_cls.__name__, description=description
         )
     durable = durable_name(service, event_cls)
-    return router.subscriber(
+    config = ConsumerConfig(
+        durable_name=durable,
+        max_deliver=max_deliver,
+        ack_wait=ack_wait_s,
+        filter_subject=event_cls.subject_pattern(),
+    )
+    # FastStream binds to an existing durable as it is; declare_streams updates it first.
+    redelivery.declare_consumer(event_cls.stream.name, config)
+    subscriber = router.subscriber(
         event_cls.subject_pattern(),
         stream=JStream(event_cls.stream.name, declare=False),
         durable=durable,
         pull_sub=PullSub(batch_size=batch_size, timeout=5.0),
-        config=ConsumerConfig(
-            durable_name=durable,
-            max_deliver=max_deliver,
-            ack_wait=ack_wait_s,
-            filter_subject=event_cls.subject_pattern(),
-        ),
-        ack_policy=AckPolicy.NACK_ON_ERROR,
+        config=config,
+        ack_policy=AckPolicy.MANUAL,  # every ack, nak and term is DeliveryMiddleware's
         title=f"{service}:{event_cls.__name__}",
         description=description,
     )
+    _delivery_middleware(router).add(subscriber, consumer=durable, retry=retry or RetryPolicy())
+    return subscriber
+
+
+# One delivery middleware per router or broker that `subscribe` put a JetStream subscriber on.
+_delivery: weakref.WeakKeyDictionary[NatsRouter | NatsBroker, redelivery.DeliveryMiddleware] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _delivery_middleware(router: NatsRouter | NatsBroker) -> redelivery.DeliveryMiddleware:
+    middleware = _delivery.get(router)
+    if middleware is None:
+        middleware = _delivery[router] = redelivery.DeliveryMiddleware()
+        router.add_middleware(middleware)
+    return middleware
 
 
 def watch(router: NatsRouter | NatsBroker, event_cls: type[E]) -> Callable[[Handler], Any]:
@@ -442,27 +473,39 @@ def watch(router: NatsRouter | NatsBroker, event_cls: type[E]) -> Callable[[Hand
 # --- batched pull consumption -------------------------------------------------------------------
 
 
-class PoisonMessage(ValueError):
-    """Raised by a batch consumer's `decode` for a message no retry can fix (malformed, another
-    schema version): it is terminated, never redelivered, and the reason is logged."""
+class PoisonMessage(PermanentError, ValueError):
+    """Raised by a batch consumer's `decode` for an event no retry can fix (malformed, another
+    schema version): it is dead-lettered, never redelivered, and the reason is logged."""
 
 
 T = TypeVar("T")
 # One event's JSON and the subject it came on -> what the handler takes.
 Decode = Callable[[bytes, str], T]
 HandleBatch = Callable[[list[T]], Awaitable[None]]
+# Told of each event stored in the dead-letter stream: (subject, event JSON, reason). For a
+# message that could not even be split into events, the JSON is the whole payload.
+OnDeadLetter = Callable[[str, bytes, str], None]
+# Failures in a row, none succeeding, after which the rest of a batch waits: its dependency is away.
+_FAILURES_BEFORE_PAUSE = 3
 
 
 @dataclass(frozen=True)
 class BatchOptions:
     """How a `BatchConsumer` pulls. `max_deliver` and `ack_wait_s` configure the durable
-    consumer only when it is created; an existing one keeps its own."""
+    consumer; an existing one is brought to them at start. A failed message comes back after
+    `retry_delay_s` doubling per delivery, at most `max_retry_delay_s`; the consumer pauses as
+    long while nothing in a batch succeeds."""
 
     batch_size: int = 256
     fetch_timeout_s: float = 1.0
-    max_deliver: int = 10
+    max_deliver: int = redelivery.UNLIMITED
     ack_wait_s: float = 60.0
-    retry_delay_s: float = 1.0  # after a failed batch, and between attempts to subscribe
+    retry_delay_s: float = 1.0  # the first backoff, and between attempts to subscribe
+    max_retry_delay_s: float = 30.0
+
+    @property
+    def retry(self) -> RetryPolicy:
+        return RetryPolicy(self.retry_delay_s, self.max_retry_delay_s)
 
 
 def consume_batches(
@@ -473,6 +516,7 @@ def consume_batches(
     decode: Decode[T],
     handle: HandleBatch[T],
     options: BatchOptions | None = None,
+    on_dead_letter: OnDeadLetter | None = None,
 ) -> BatchConsumer[T]:
     """A `BatchConsumer` of `event_cls` on the broker's connection, for `service`; `start()` it
     once the broker is connected and `stop()` it before the broker stops (a service's
@@ -482,7 +526,13 @@ def consume_batches(
         return broker.connection if broker.connection is not None else None
 
     return BatchConsumer(
-        connection, event_cls, service=service, decode=decode, handle=handle, options=options
+        connection,
+        event_cls,
+        service=service,
+        decode=decode,
+        handle=handle,
+        options=options,
+        on_dead_letter=on_dead_letter,
     )
 
 
@@ -493,11 +543,13 @@ class BatchConsumer(Generic[T]):
     raises a plain asyncio.TimeoutError when a pull ends early), so this loop uses nats-py
     directly, with the durable name and config `subscribe` gives the same (service, event): the
     two are interchangeable on a running stream. Delivery stays at-least-once: every message of
-    a batch is acked after `handle` returns. When `handle` raises, each message is retried alone,
-    so one bad message cannot hold back the others; what still fails is nacked for redelivery
-    (up to `max_deliver`). `decode` runs per event (a bundle holds several, see `bundles`); a
-    `PoisonMessage` from it drops that event, with the reason logged: a message left with no
-    event to handle is terminated. `handle` must therefore be idempotent.
+    a batch is acked after `handle` returns, so `handle` must be idempotent. When `handle`
+    raises, each message is retried alone, so one bad message cannot hold back the others; one
+    that still fails is nacked with a capped exponential backoff and comes back for as long as
+    the fault lasts, and while nothing succeeds the consumer pauses. `decode` runs per event (a
+    bundle holds several, see `bundles`); an event it refuses with `PoisonMessage` (or a
+    message whose `handle` raises `PermanentError`) is copied to the dead-letter stream and
+    `on_dead_letter` is told; a message left with no event to handle is then terminated.
     """
 
     def __init__(
@@ -509,6 +561,7 @@ class BatchConsumer(Generic[T]):
         decode: Decode[T],
         handle: HandleBatch[T],
         options: BatchOptions | None = None,
+        on_dead_letter: OnDeadLetter | None = None,
     ) -> None:
         if event_cls.stream is None:
             raise ValueError(f"{event_cls.__name__} is not stored in a stream")
@@ -518,6 +571,7 @@ class BatchConsumer(Generic[T]):
         self._durable = durable_name(service, event_cls)
         self._decode = decode
         self._handle = handle
+        self._on_dead_letter = on_dead_letter
         self.options = options or BatchOptions()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -557,7 +611,7 @@ class BatchConsumer(Generic[T]):
                     exc,
                     self.options.retry_delay_s,
                 )
-                await self._pause()
+                await self._pause(self.options.retry_delay_s)
 
     async def _subscribe(self) -> JetStreamContext.PullSubscription:
         connection = self._connection()
@@ -570,7 +624,9 @@ class BatchConsumer(Generic[T]):
             ack_wait=self.options.ack_wait_s,
             filter_subject=subject,
         )
-        return await connection.jetstream().pull_subscribe(
+        js = connection.jetstream()
+        await redelivery.ensure_consumer(js, self._stream, config)
+        return await js.pull_subscribe(
             subject, durable=self._durable, stream=self._stream, config=config
         )
 
@@ -603,87 +659,116 @@ class BatchConsumer(Generic[T]):
         try:
             await self._handle([item for _, items in decoded for item in items])
         except Exception as exc:
-            if len(decoded) == 1:
-                await self._retry_later(decoded[0][0], exc)
-                return
-            log.warning(
-                "%s: a batch of %d messages failed (%s: %s); handling them one by one",
-                self._durable,
-                len(decoded),
-                type(exc).__name__,
-                exc,
-            )
-            await self._one_by_one(decoded)
+            if len(decoded) > 1:
+                log.warning(
+                    "%s: a batch of %d messages failed (%s: %s); handling them one by one",
+                    self._durable,
+                    len(decoded),
+                    type(exc).__name__,
+                    exc,
+                )
+                await self._one_by_one(decoded)
+            elif not await self._failed(decoded[0][0], exc):
+                await self._pause(self.options.retry.delay_s(redelivery.delivered(decoded[0][0])))
             return
         for message, _ in decoded:
             await message.ack()
 
     async def _decode_message(self, message: Msg) -> list[T]:
-        """The message's events decoded; those that can never be handled are dropped (logged),
-        and a message left with none is terminated."""
+        """The message's events decoded. Those that can never be handled are dead-lettered (a
+        message left with none is then terminated); if that copy fails, the whole message is
+        nacked and [] returned, to be tried again."""
         try:
             events = _events_of(message)
         except PoisonMessage as exc:
-            events, reasons = [], [str(exc)]
-        else:
-            reasons = []
+            await self._give_up(message, [(message.data, str(exc))], whole=True)
+            return []
         items: list[T] = []
+        refused: list[tuple[bytes, str]] = []
         for n, data in enumerate(events):
             try:
                 items.append(self._decode(data, message.subject))
             except PoisonMessage as exc:
-                reasons.append(f"event {n + 1}: {exc}" if len(events) > 1 else str(exc))
-        if not items:
-            log.warning(
-                "%s: message %s terminated, it can never be handled: %s",
-                self._durable,
-                _sequence(message),
-                "; ".join(reasons),
-            )
-            await message.term()
-        elif reasons:
+                refused.append((data, f"event {n + 1}: {exc}" if len(events) > 1 else str(exc)))
+        if not refused:
+            return items
+        if not await self._give_up(message, refused, whole=not items):
+            return []
+        if items:
             log.warning(
                 "%s: %d of the %d events in message %s dropped, they can never be handled: %s",
                 self._durable,
-                len(reasons),
+                len(refused),
                 len(events),
-                _sequence(message),
-                "; ".join(reasons),
+                redelivery.sequence(message),
+                "; ".join(reason for _, reason in refused),
             )
         return items
 
+    async def _give_up(
+        self, message: Msg, refused: list[tuple[bytes, str]], *, whole: bool
+    ) -> bool:
+        """Dead-letter the refused events (the whole message when `whole`, and terminate it)."""
+        reason = "; ".join(reason for _, reason in refused)
+        if whole:
+            stored = await redelivery.give_up(
+                message, consumer=self._durable, reason=reason, retry=self.options.retry
+            )
+        else:
+            payload, headers = _part_of(message, [data for data, _ in refused])
+            stored = await redelivery.give_up(
+                message,
+                consumer=self._durable,
+                reason=reason,
+                retry=self.options.retry,
+                payload=payload,
+                headers=headers,
+            )
+        if stored and self._on_dead_letter is not None:
+            for data, why in refused:
+                self._on_dead_letter(message.subject, data, why)
+        return stored
+
+    async def _failed(self, message: Msg, exc: Exception) -> bool:
+        """A message `handle` failed on, alone: dead-lettered when it can never be handled
+        (True), else nacked with backoff (False)."""
+        if not redelivery.is_permanent(exc):
+            await redelivery.retry_later(
+                message, exc, consumer=self._durable, retry=self.options.retry
+            )
+            return False
+        try:
+            events = _events_of(message)
+        except PoisonMessage:
+            events = [message.data]
+        reason = redelivery.reason_of(exc)
+        await self._give_up(message, [(data, reason) for data in events], whole=True)
+        return True
+
     async def _one_by_one(self, decoded: list[tuple[Msg, list[T]]]) -> None:
-        failed = False
-        for message, items in decoded:
+        succeeded, failed_in_a_row, first_failed = False, 0, 0
+        for position, (message, items) in enumerate(decoded):
+            if not succeeded and failed_in_a_row >= _FAILURES_BEFORE_PAUSE:
+                # Nothing works: the database or a dependency is away. The rest wait with the
+                # same backoff rather than each costing a failed attempt (and maybe a timeout).
+                for rest, _ in decoded[position:]:
+                    await rest.nak(delay=self.options.retry.delay_s(redelivery.delivered(rest)))
+                break
             try:
                 await self._handle(items)
             except Exception as exc:
-                await self._retry_later(message, exc)
-                failed = True
+                if not await self._failed(message, exc):
+                    failed_in_a_row += 1
+                    first_failed = first_failed or redelivery.delivered(message)
             else:
                 await message.ack()
-        if failed:
-            await self._pause()  # the database or a dependency may be away: do not spin
+                succeeded, failed_in_a_row = True, 0
+        if first_failed and not succeeded:
+            await self._pause(self.options.retry.delay_s(first_failed))  # do not spin
 
-    async def _retry_later(self, message: Msg, exc: Exception) -> None:
-        delivered = _delivered(message)
-        if delivered >= self.options.max_deliver:
-            outcome = f"delivery {delivered} was the last; the server drops it"
-        else:
-            outcome = "nacked for redelivery"
-        log.warning(
-            "%s: message %s failed (%s: %s); %s",
-            self._durable,
-            _sequence(message),
-            type(exc).__name__,
-            exc,
-            outcome,
-        )
-        await message.nak(delay=self.options.retry_delay_s)
-
-    async def _pause(self) -> None:
+    async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), self.options.retry_delay_s)
+            await asyncio.wait_for(self._stopping.wait(), seconds)
 
 
 def _events_of(message: Msg) -> list[bytes]:
@@ -699,15 +784,11 @@ def _events_of(message: Msg) -> list[bytes]:
     return lines
 
 
-def _sequence(message: Msg) -> str:
-    try:
-        return f"#{message.metadata.sequence.stream}"
-    except Exception:  # not a JetStream message (a test double); the subject still helps
-        return message.subject
-
-
-def _delivered(message: Msg) -> int:
-    try:
-        return int(message.metadata.num_delivered)
-    except Exception:
-        return 1
+def _part_of(message: Msg, events: list[bytes]) -> tuple[bytes, dict[str, str]]:
+    """The payload and headers of a message carrying only `events` of `message`'s bundle."""
+    headers = {k: v for k, v in (message.headers or {}).items() if k != BUNDLE_HEADER}
+    if len(events) > 1:
+        headers[BUNDLE_HEADER] = str(len(events))
+    else:
+        headers["content-type"] = "application/json"
+    return b"\n".join(events), headers

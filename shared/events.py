@@ -55,7 +55,15 @@ JOBS = Stream("TUNELOOP_JOBS", "job", "Fine-tuning job lifecycle and training re
 EVALS = Stream("TUNELOOP_EVALS", "eval", "Checkpoint evaluations")
 MODELS = Stream("TUNELOOP_MODELS", "model", "Model registry changes")
 DEPLOYMENTS = Stream("TUNELOOP_DEPLOYMENTS", "deployment", "Deployments of registered models")
-STREAMS: tuple[Stream, ...] = (SAMPLES, DATASETS, JOBS, EVALS, MODELS, DEPLOYMENTS)
+# Messages a consumer can never handle, copied here before they are terminated (shared.deadletters):
+# tuneloop.<tenant>.deadletter.<original subject after the tenant>, as large as any stream's.
+DEADLETTERS = Stream(
+    "TUNELOOP_DEADLETTERS",
+    "deadletter",
+    "Messages no consumer could handle, kept for an operator to list and replay",
+    max_msg_size=SAMPLES.max_msg_size,
+)
+STREAMS: tuple[Stream, ...] = (SAMPLES, DATASETS, JOBS, EVALS, MODELS, DEPLOYMENTS, DEADLETTERS)
 
 CATALOGUE: dict[str, type[Event]] = {}
 

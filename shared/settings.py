@@ -56,6 +56,9 @@ class NatsSettings(BaseSettings):
     # Clients connect here; defaults to the local server started from host/port.
     url: str = ""
     connect_timeout_s: float = Field(default=30.0, gt=0)
+    # A message whose handling failed for now comes back after 1 s doubling per delivery, at
+    # most this long (and without limit on deliveries): the lag after an outage ends.
+    max_retry_delay_s: float = Field(default=30.0, gt=0)
     # Limits applied to every JetStream stream we declare (streams.py may tighten them).
     stream_max_age_days: float = Field(default=30.0, gt=0)
     # JetStream reserves this much file storage per stream up front and refuses a stream it

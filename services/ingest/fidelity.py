@@ -121,22 +121,22 @@ class FidelityFlusher:
     """Adds this process's counts to the table every `interval_s`, and once more at stop."""
 
     def __init__(self, fidelity: Fidelity, engine: Engine, *, interval_s: float = 2.0) -> None:
-        self._fidelity = fidelity
+        self.fidelity = fidelity
         self._engine = engine
         self._interval_s = interval_s
         self._task: asyncio.Task[None] | None = None
 
     async def flush(self) -> None:
         # Drained on the event loop (where the counting happens), written in a thread.
-        deltas = self._fidelity.drain()
+        deltas = self.fidelity.drain()
         try:
             await asyncio.to_thread(store_deltas, self._engine, deltas)
         except (sa.exc.SQLAlchemyError, OSError) as exc:
-            self._fidelity.restore(deltas)
+            self.fidelity.restore(deltas)
             log.warning("fidelity counts kept for the next flush: %s", type(exc).__name__)
 
     async def report(self, tenant: str) -> dict[str, Any]:
-        pending = self._fidelity.report(tenant)
+        pending = self.fidelity.report(tenant)
         stored = await asyncio.to_thread(stored_report, self._engine, tenant)
         return merge_reports(stored, pending)
 

@@ -9,17 +9,20 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from typing import Any
+from typing import Any, get_args
 
 from faststream.nats import NatsBroker, NatsRouter
 from faststream.nats.annotations import NatsMessage
 from sqlalchemy.engine import Engine
 
+from services.ingest.capture import Fidelity
 from services.ingest.datasets import DatasetWorker
 from services.ingest.routing import RoutingTable
 from services.ingest.samples import BadSampleEvent, insert_rows, row_from_event
 from shared import bus
+from shared.chat import Source
 from shared.db import session_scope
 from shared.events import (
     DatasetBuildRequested,
@@ -29,15 +32,23 @@ from shared.events import (
 )
 
 SERVICE = "ingest"
+SOURCES = frozenset(get_args(Source))
 log = logging.getLogger("tuneloop.ingest.handlers")
 
 
-def sample_persister(*, broker: NatsBroker, engine: Engine) -> bus.BatchConsumer[dict[str, Any]]:
+def sample_persister(
+    *,
+    broker: NatsBroker,
+    engine: Engine,
+    fidelity: Fidelity,
+    max_retry_delay_s: float = 30.0,
+) -> bus.BatchConsumer[dict[str, Any]]:
     """sample.captured -> the sample store, a batch (32 messages) per transaction: the durable
     consumer FastStream's one-event subscriber used (state.py starts and stops it). Rows are
-    made from the event bytes (samples.row_from_event); an event that cannot be a row is
-    dropped with the reason logged (its message terminated when it held nothing else, see
-    bus.BatchConsumer); a failed insert is redelivered (idempotent)."""
+    made from the event bytes (samples.row_from_event); an event that cannot be a row goes to
+    the dead-letter stream and is counted in `fidelity` as dropped, with its reason. A failed
+    insert (the database away, locked, slow) is retried with backoff for as long as it fails;
+    inserts are idempotent by sample id, so a redelivered batch stores nothing twice."""
 
     def decode(data: bytes, subject: str) -> dict[str, Any]:
         try:
@@ -53,14 +64,33 @@ def sample_persister(*, broker: NatsBroker, engine: Engine) -> bus.BatchConsumer
         # The database call blocks; keep the event loop (and the gateway on it) free.
         await asyncio.to_thread(store, rows)
 
+    def dead_lettered(subject: str, data: bytes, reason: str) -> None:
+        tenant = subject.split(".")[1] if subject.count(".") >= 2 else "?"
+        fidelity.count_dropped(tenant, _source_of(data), f"dead-lettered: {reason}")
+
     # A batch takes milliseconds; a short ack wait brings back sooner what a killed process
-    # had fetched but not stored (it applies when the durable consumer is first created).
+    # had fetched but not stored.
     # Messages are mostly bundles (up to bus.MAX_BUNDLE_BYTES, often dozens of samples): 32 of
     # them keep a fetch's memory bounded and a transaction at up to a few thousand rows.
-    options = bus.BatchOptions(batch_size=32, ack_wait_s=30.0)
+    options = bus.BatchOptions(batch_size=32, ack_wait_s=30.0, max_retry_delay_s=max_retry_delay_s)
     return bus.consume_batches(
-        broker, SampleCaptured, service=SERVICE, decode=decode, handle=persist, options=options
+        broker,
+        SampleCaptured,
+        service=SERVICE,
+        decode=decode,
+        handle=persist,
+        options=options,
+        on_dead_letter=dead_lettered,
     )
+
+
+def _source_of(data: bytes) -> str:
+    """The sample's source for the fidelity report, if the event says one it may take."""
+    try:
+        source = json.loads(data)["sample"]["source"]
+    except Exception:  # the event is what could not be read
+        return "unknown"
+    return source if source in SOURCES else "unknown"
 
 
 def build_router(

@@ -16,7 +16,9 @@ import signal
 import uvloop
 
 from services.ingest import handlers
+from services.ingest.capture import Fidelity
 from services.ingest.config import IngestSettings
+from services.ingest.fidelity import FidelityFlusher
 from shared import bus, db
 from shared.processes import lower_cpu_priority, settle_heap
 from shared.service import prepare_process
@@ -34,14 +36,23 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     await bus.connect(broker, settings.nats)
     assert broker.connection is not None
     await bus.declare_streams(broker.connection, settings.nats)
-    persister = handlers.sample_persister(broker=broker, engine=engine)
+    # What it dead-letters is counted in the fidelity report, as the gateway counts its drops.
+    fidelity = FidelityFlusher(Fidelity(), engine)
+    persister = handlers.sample_persister(
+        broker=broker,
+        engine=engine,
+        fidelity=fidelity.fidelity,
+        max_retry_delay_s=settings.nats.max_retry_delay_s,
+    )
     await persister.start()
+    await fidelity.start()
     settle_heap(batch=True)  # start-up is done: its objects leave the collector's scans
     log.info("persisting samples (NATS %s)", settings.nats.url)
     try:
         await stop.wait()
     finally:
         await persister.stop()
+        await fidelity.stop()
         await broker.stop()
         engine.dispose()
 

@@ -111,7 +111,12 @@ class Ingest:
             control_client,
             engine,
             spool_dir,
-            handlers.sample_persister(broker=broker, engine=engine)
+            handlers.sample_persister(
+                broker=broker,
+                engine=engine,
+                fidelity=pipeline.fidelity,
+                max_retry_delay_s=settings.nats.max_retry_delay_s,
+            )
             if ingest_settings.persister == "inline"
             else None,
             FidelityFlusher(pipeline.fidelity, engine),
