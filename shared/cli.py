@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shared import supervisor
+from shared.keys_cli import keys_app
 from shared.settings import SettingsError, get_settings
 
 app = typer.Typer(
@@ -16,6 +17,7 @@ app = typer.Typer(
 )
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
 app.add_typer(db_app, name="db")
+app.add_typer(keys_app, name="keys")
 console = Console()
 err = Console(stderr=True)
 
