@@ -80,6 +80,21 @@ def events() -> None:
     console.print(table)
 
 
+@app.command()
+def teacher(
+    host: str | None = typer.Option(None, help="default: TUNELOOP_BIND_HOST"),
+    port: int | None = typer.Option(None, help="default: TUNELOOP_TEACHER_PORT"),
+) -> None:
+    """Serve the demo's teacher: a rule-based stand-in for a frontier model (OpenAI API)."""
+    from shared.demo import teacher as demo_teacher
+
+    settings = get_settings()
+    host = host or settings.app.bind_host
+    port = port or settings.services.teacher_port
+    console.print(f"teacher (a stand-in, not a frontier model) on http://{host}:{port}/v1")
+    demo_teacher.serve(host, port)
+
+
 @db_app.command("upgrade")
 def db_upgrade() -> None:
     """Apply every migration to the configured database."""

@@ -129,6 +129,8 @@ class ServicePorts(BaseSettings):
     scheduler_port: int = Field(default=8401, ge=1, le=65535)
     evaluator_port: int = Field(default=8402, ge=1, le=65535)
     hoster_port: int = Field(default=8403, ge=1, le=65535)
+    # `tuneloop teacher`, the demo's stand-in frontier model; deploy/local/upstreams.yaml names it.
+    teacher_port: int = Field(default=8480, ge=1, le=65535)
 
     def port_of(self, service: str) -> int:
         return int(getattr(self, f"{service}_port"))
