@@ -2,7 +2,8 @@
 
 What can be checked when the request arrives is checked then, so a bad request gets a 4xx
 naming the problem instead of a dataset that fails a moment later: the spec's fields, the
-files (this tenant's, processed), an empty selection (a COUNT), an eval size that is not
+base model (a catalogue id prepared here or the tenant's own S3 prefix), the files (this
+tenant's, processed), an empty selection (a COUNT), an eval size that is not
 smaller than the selection. The rest (metadata filters, what cleaning leaves) ends the build
 `failed` with the reason on the dataset.
 """
@@ -26,10 +27,12 @@ from services.ingest import dataset_rows, dataset_select, snapshots
 from services.ingest.dataset_spec import DatasetSpec
 from services.ingest.datasets import DatasetWorker
 from services.ingest.models import DatasetRow
-from shared import auth
+from shared import auth, catalogue
+from shared.catalogue import CatalogueError
 from shared.chat import ExportError
 from shared.db import get_engine, session_scope
 from shared.events import DatasetBuildRequested
+from shared.settings import get_settings
 
 log = logging.getLogger("tuneloop.ingest.datasets")
 router = APIRouter(tags=["datasets"])
@@ -52,6 +55,18 @@ def _eval_size(spec: DatasetSpec) -> int | None:
     """An eval size given as a count of samples (a fraction cannot be too big up front)."""
     size = getattr(spec.split, "eval_size", None)
     return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
+def check_base_model(spec: DatasetSpec, *, tenant: str, bucket: str) -> None:
+    """A catalogue id prepared here, or an s3:// prefix of the tenant's own; 422 otherwise (a
+    path or another bucket would let a tenant read whatever the service can)."""
+    if spec.base_model is None:
+        return
+    try:
+        catalogue.check_base_model(spec.base_model, tenant=tenant, bucket=bucket)
+        catalogue.locate(spec.base_model, data_dir=get_settings().app.data_dir)
+    except CatalogueError as exc:
+        raise _unprocessable(str(exc)) from None
 
 
 def check_selection(session: Session, *, tenant: str, spec: DatasetSpec) -> int:
@@ -88,6 +103,7 @@ async def create_dataset(
     spec: DatasetSpec, principal: auth.PrincipalDep, engine: EngineDep, worker: WorkerDep
 ) -> dict[str, Any]:
     tenant = principal.tenant_id
+    check_base_model(spec, tenant=tenant, bucket=worker.store.bucket)
 
     def create() -> DatasetRow:
         with session_scope(engine) as session:

@@ -33,9 +33,11 @@ from services.ingest.dataset_rows import Built
 from services.ingest.dataset_spec import DatasetSpec
 from services.ingest.snapshots import write_snapshot
 from services.ingest.splitting import SplitError
+from shared import catalogue
+from shared.catalogue import CatalogueError
 from shared.chat import Sample
 from shared.db import make_engine
-from shared.settings import S3Settings
+from shared.settings import S3Settings, get_settings
 from shared.storage import ObjectStore
 
 log = logging.getLogger("tuneloop.ingest.dataset_build")
@@ -110,6 +112,13 @@ def _files_in_store(
     return files
 
 
+def _base_model_location(spec: DatasetSpec) -> str | None:
+    """Where the base model named by the spec (checked when the request came in) is read."""
+    if spec.base_model is None:
+        return None
+    return catalogue.locate(spec.base_model, data_dir=get_settings().app.data_dir)
+
+
 def build(
     engine: Engine,
     store: ObjectStore,
@@ -126,8 +135,8 @@ def build(
     on_step(StepProgress("select", len(samples), len(samples)))
     try:
         # One counter for cleaning and stats: its cache of token counts serves both.
-        counter = TokenCounter.of(load_tokenizer(spec.base_model, store))
-    except TokenizerLoadError as exc:
+        counter = TokenCounter.of(load_tokenizer(_base_model_location(spec), store))
+    except (TokenizerLoadError, CatalogueError) as exc:
         raise BuildFailed(str(exc)) from None
 
     def cleaned_step(report: StepReport) -> None:

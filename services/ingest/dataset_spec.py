@@ -10,6 +10,7 @@ from typing import Literal, Self
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from shared.catalogue import CATALOGUE, is_model_id
 from shared.chat import Provider, Sample, Source
 
 MetadataScalar = str | int | float | bool
@@ -139,14 +140,24 @@ class DatasetSpec(_Spec):
     """
 
     name: str = Field(min_length=1, max_length=200)
-    # Where the target base model's tokenizer lives (a local Hugging Face directory or an
-    # s3:// prefix); token counts and max_tokens use it. None: an approximate count (see
-    # services.ingest.cleaning.tokens).
+    # The target base model: a base-model catalogue id (shared.catalogue) or an s3:// prefix
+    # under the tenant's own storage (checked per tenant by the API); token counts and
+    # max_tokens use its tokenizer. None: an approximate count (services.ingest.cleaning.tokens).
     base_model: str | None = Field(default=None, min_length=1)
     source: SampleFilter | None = None
     file_ids: list[str] = Field(default_factory=list)
     cleaning: CleaningOptions = Field(default_factory=CleaningOptions)
     split: SplitOptions = Field(default_factory=SplitOptions)
+
+    @field_validator("base_model")
+    @classmethod
+    def _base_model(cls, value: str | None) -> str | None:
+        if value is None or value.startswith("s3://") or is_model_id(value):
+            return value
+        raise ValueError(
+            f"{value!r} is not a catalogue id ({', '.join(sorted(CATALOGUE))}) or an s3:// "
+            "prefix: local paths are not accepted"
+        )
 
     @field_validator("file_ids")
     @classmethod

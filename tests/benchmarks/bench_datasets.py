@@ -2,7 +2,7 @@
 through a running ingest service (real NATS, S3, SQLite), timed from POST /v1/datasets to
 `built`, against the goal of 60 s on 2 cores, with the time of each build step.
 
-    .venv/bin/python -m tests.benchmarks.bench_datasets [--samples 100000] [--base-model DIR]
+    .venv/bin/python -m tests.benchmarks.bench_datasets [--samples 100000] [--base-model ID]
 
 The samples are realistic in shape and mess: shared system prompts, multi-turn chats, tool calls,
 exact and near duplicates, refusals, cut-off answers, empty answers, e-mail addresses and phone
@@ -29,6 +29,7 @@ from sqlmodel import Session
 
 from services.ingest.samples import insert_samples
 from shared import db
+from shared.catalogue import CATALOGUE, SMOLLM2_135M_INSTRUCT
 from shared.chat import Message, ResponseMeta, Sample, ToolCall, ToolDef
 from tests.benchmarks.stack import (
     make_console,
@@ -39,7 +40,8 @@ from tests.benchmarks.stack import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-SMOLLM2 = ROOT / ".tuneloop" / "models" / "SmolLM2-135M-Instruct"
+MODELS = ROOT / ".tuneloop" / "models"
+SMOLLM2 = MODELS / SMOLLM2_135M_INSTRUCT.id
 GOAL_S = 60.0
 TENANT = "bench"
 console = make_console()
@@ -255,11 +257,19 @@ def report(run: Run, samples: int, tokenizer: str) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=100_000)
-    parser.add_argument("--base-model", default=str(SMOLLM2) if SMOLLM2.is_dir() else None,
-                        help="tokenizer directory (default: SmolLM2 if converted)")  # fmt: skip
+    parser.add_argument("--base-model", default=SMOLLM2_135M_INSTRUCT.id if SMOLLM2.is_dir() else None,
+                        help="a catalogue id (default: SmolLM2 if `make model` has run)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, database)")
     return parser.parse_args(argv)
+
+
+def link_models(data_dir: Path) -> None:
+    """The catalogue models `make model` prepared, seen from the benchmark's own data dir."""
+    (data_dir / "models").mkdir(parents=True, exist_ok=True)
+    for model_id in CATALOGUE:
+        if (MODELS / model_id).is_dir():
+            (data_dir / "models" / model_id).symlink_to(MODELS / model_id)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     sigterm_as_interrupt()
     with workdir(args.keep) as tmp, contextlib.ExitStack() as stack:
         settings = start_infra(stack, tmp)
+        link_models(settings.app.data_dir)
         ingest = start_ingest(stack, settings, tmp)
         console.print(f"inserting {args.samples:,} samples ...")
         setup_s = fill_store(settings.database_url, args.samples)

@@ -96,6 +96,30 @@ def test_bad_requests_are_refused_naming_the_problem(edge: Edge, tag: str) -> No
     assert unauthenticated.status_code == 401
 
 
+@pytest.mark.parametrize(
+    ("base_model", "says"),
+    [
+        # The service's own disk, e.g. the documented model directory: not the tenant's to read.
+        ("/work/main/.tuneloop/models/SmolLM2-135M-Instruct", "local paths are not accepted"),
+        ("HuggingFaceTB/SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct"),
+        ("gpt2", "neither a catalogue id (SmolLM2-135M-Instruct)"),
+        ("s3://tuneloop-test/tenants/globex/models/m/", "outside this tenant's storage"),
+        ("s3://another-bucket/tenants/acme/models/m/", "outside this tenant's storage"),
+        # In the catalogue, but this service's data dir has no copy yet.
+        ("SmolLM2-135M-Instruct", "run `make model`"),
+    ],
+)
+def test_a_base_model_outside_the_catalogue_and_the_tenants_storage_is_refused(
+    edge: Edge, tag: str, base_model: str, says: str
+) -> None:
+    refused = post(
+        edge.url, edge.key, {"name": "d", "base_model": base_model, "source": {"tags": [tag]}}
+    )
+    assert refused.status_code == 422
+    assert "base_model" in refused.text
+    assert says in refused.text
+
+
 def test_a_dataset_is_accepted_and_only_its_tenant_sees_it(edge: Edge, tag: str) -> None:
     created = post(edge.url, edge.key, {"name": "mine", "source": {"tags": [tag]}})
     assert created.status_code == 202, created.text

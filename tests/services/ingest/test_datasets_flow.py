@@ -16,8 +16,10 @@ import pytest
 
 from services.ingest.cleaning.report import CleaningReport
 from shared import bus, db, localstack
+from shared.catalogue import SMOLLM2_135M_INSTRUCT
 from shared.events import DatasetBuildRequested
 from shared.settings import Settings
+from shared.storage import ObjectStore
 from tests.fakes.upstream import recorded
 from tests.plugins.infra import (
     RunningProcess,
@@ -53,11 +55,13 @@ FINE_TUNE_LINES = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A base model's tokenizer, as the build would find one on disk."""
+def tokenizer_prefix(edge: Edge, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A base model of the tenant's own (its tokenizer), under the tenant's S3 prefix."""
     path = tmp_path_factory.mktemp("tokenizer")
     build_tiny_tokenizer().save_pretrained(path)
-    return str(path)
+    store = ObjectStore.from_settings(edge.settings.s3)
+    store.put_dir(path, "tenants/acme/models/tiny")
+    return store.uri("tenants/acme/models/tiny/")
 
 
 def wait_finished(url: str, key: str, dataset_id: str, timeout_s: float = 120) -> dict[str, Any]:
@@ -101,7 +105,7 @@ def export(edge: Edge, dataset_id: str, split: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in response.text.splitlines()]
 
 
-def test_dataset_from_gateway_traffic(edge: Edge, tokenizer_dir: str) -> None:
+def test_dataset_from_gateway_traffic(edge: Edge, tokenizer_prefix: str) -> None:
     tag = f"flow-{uuid.uuid4().hex[:8]}"
     client = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=edge.key, max_retries=0)
     request = recorded("oa01_tool_calls_multiturn")["request"]["body"]
@@ -114,7 +118,7 @@ def test_dataset_from_gateway_traffic(edge: Edge, tokenizer_dir: str) -> None:
 
     spec = {
         "name": "weather",
-        "base_model": tokenizer_dir,
+        "base_model": tokenizer_prefix,
         "source": {"tags": [tag], "sources": ["gateway"]},
         "split": {"eval_size": 2, "seed": 7},
     }
@@ -130,6 +134,29 @@ def test_dataset_from_gateway_traffic(edge: Edge, tokenizer_dir: str) -> None:
     train = export(edge, built["id"], "train")
     assert len(train) == built["train_count"]
     assert all(record["messages"][-1]["tool_calls"] for record in train)
+
+
+@pytest.mark.slow
+def test_a_dataset_naming_a_catalogue_model_counts_in_its_tokenizer(
+    edge: Edge, smollm2_dir: Path
+) -> None:
+    # Where `make up` (make model) leaves it in the service's data dir.
+    models = edge.settings.app.data_dir / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    (models / SMOLLM2_135M_INSTRUCT.id).symlink_to(smollm2_dir.resolve())
+    tag = f"smol-{uuid.uuid4().hex[:8]}"
+    store_samples(edge.settings.database_url, "acme", tag, 6)
+    spec = {
+        "name": "smol",
+        "base_model": SMOLLM2_135M_INSTRUCT.id,
+        "source": {"tags": [tag]},
+        "split": {"eval_size": 1},
+    }
+    created = post(edge.url, edge.key, spec)
+    assert created.status_code == 202, created.text
+    built = wait_finished(edge.url, edge.key, created.json()["id"])
+    check_report(built, selected=6)
+    assert built["stats"]["tokenizer"].endswith(SMOLLM2_135M_INSTRUCT.id)
 
 
 def _upload(edge: Edge, path: Path) -> str:
