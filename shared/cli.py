@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -17,6 +19,10 @@ app = typer.Typer(
 )
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
 app.add_typer(db_app, name="db")
+deadletters_app = typer.Typer(
+    no_args_is_help=True, help="Messages no consumer could handle: list and replay them."
+)
+app.add_typer(deadletters_app, name="deadletters")
 app.add_typer(keys_app, name="keys")
 console = Console()
 err = Console(stderr=True)
@@ -103,6 +109,58 @@ def db_upgrade() -> None:
     settings = get_settings()
     db.migrate(settings.database_url)
     console.print("database at head")
+
+
+@deadletters_app.command("list")
+def deadletters_list(
+    tenant: str | None = typer.Option(None, help="Only this tenant's."),
+    limit: int = typer.Option(100, min=1, help="At most this many, oldest first."),
+) -> None:
+    """The dead letters: id (use it with replay), original subject, consumer, when, why."""
+    from shared import deadletters
+
+    letters = asyncio.run(
+        deadletters.operator_list(get_settings().nats, tenant=tenant, limit=limit)
+    )
+    table = Table(title="tuneloop dead letters", title_justify="left")
+    for column in ("id", "subject", "consumer", "deliveries", "at", "reason"):
+        table.add_column(column)
+    for letter in letters:
+        table.add_row(
+            str(letter.seq),
+            letter.subject,
+            letter.consumer,
+            str(letter.deliveries),
+            letter.at,
+            letter.reason,
+        )
+    console.print(table)
+
+
+@deadletters_app.command("replay")
+def deadletters_replay(
+    seq: Annotated[
+        list[int] | None, typer.Option("--id", "--seq", help="A dead letter's id (repeatable).")
+    ] = None,
+    replay_all: bool = typer.Option(False, "--all", help="Every dead letter (of --tenant)."),
+    tenant: str | None = typer.Option(None, help="With --all: only this tenant's."),
+) -> None:
+    """Send dead letters back to their original subject, then remove them from the stream."""
+    from shared import deadletters
+
+    if bool(seq) == replay_all:
+        err.print("[red]name dead letters with --id, or replay them all with --all[/]")
+        raise typer.Exit(2)
+    try:
+        replayed = asyncio.run(
+            deadletters.operator_replay(
+                get_settings().nats, seq or [], replay_all=replay_all, tenant=tenant
+            )
+        )
+    except deadletters.UnknownDeadLetter as exc:
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    console.print(f"replayed {len(replayed)}: {', '.join(str(n) for n in replayed) or '-'}")
 
 
 def main() -> None:

@@ -15,11 +15,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import nats
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from shared.events import DEADLETTERS, SUBJECT_ROOT, SYSTEM_TENANT
+from shared.settings import NatsSettings
 
 HEADER_PREFIX = "tuneloop-deadletter-"
 ORIGINAL_SUBJECT = HEADER_PREFIX + "subject"
@@ -193,7 +195,7 @@ async def replay(js: JetStreamContext, seqs: Iterable[int]) -> list[DeadLetter]:
     return [await replay_one(js, seq) for seq in seqs]
 
 
-async def replay_all(js: JetStreamContext, *, tenant: str | None = None) -> list[DeadLetter]:
+async def replay_every(js: JetStreamContext, *, tenant: str | None = None) -> list[DeadLetter]:
     """Replay every dead letter (of `tenant`, or all) present when the call starts."""
     # A replayed message that fails again comes back later in the stream; not in this pass.
     last = (await js.stream_info(DEADLETTERS.name)).state.last_seq
@@ -206,3 +208,29 @@ async def replay_all(js: JetStreamContext, *, tenant: str | None = None) -> list
             replayed.append(await replay_one(js, letter.seq))
         after = batch[-1].seq
     return replayed
+
+
+# --- the operator's commands (`tuneloop deadletters ...`) -------------------------------------
+
+
+async def operator_list(
+    settings: NatsSettings, *, tenant: str | None, limit: int
+) -> list[DeadLetter]:
+    connection = await nats.connect(settings.url, connect_timeout=2, max_reconnect_attempts=0)
+    try:
+        return await list_dead_letters(connection.jetstream(), tenant=tenant, limit=limit)
+    finally:
+        await connection.close()
+
+
+async def operator_replay(
+    settings: NatsSettings, seqs: list[int], *, replay_all: bool, tenant: str | None
+) -> list[int]:
+    """The ids replayed: `seqs`, or with `replay_all` every one (of `tenant`)."""
+    connection = await nats.connect(settings.url, connect_timeout=2, max_reconnect_attempts=0)
+    try:
+        js = connection.jetstream()
+        done = await replay_every(js, tenant=tenant) if replay_all else await replay(js, seqs)
+        return [letter.seq for letter in done]
+    finally:
+        await connection.close()

@@ -136,10 +136,10 @@ async def test_an_invalid_event_is_dead_lettered_then_terminated(
         await asyncio.wait_for(dead_lettered(), 10)
         invalid, refused = letters
         assert invalid.subject == refused.subject == subject
-        assert invalid.stream == JOBS.name and invalid.consumer == bus.durable_name(
-            service, JobQueued
-        )
-        assert invalid.reason.startswith("ValidationError") and "job_id" in invalid.reason
+        assert invalid.stream == JOBS.name
+        assert invalid.consumer == bus.durable_name(service, JobQueued)
+        assert invalid.reason.startswith("ValidationError")
+        assert "job_id" in invalid.reason
         assert refused.reason == "PermanentError: position 2: no such queue slot"
         assert refused.deliveries == invalid.deliveries == 1  # never retried
         assert json.loads(refused.data)["position"] == 2
