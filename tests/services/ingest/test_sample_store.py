@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import URL, Engine
 from sqlmodel import Session
 
+from services.ingest.capture import Fidelity
 from services.ingest.handlers import sample_persister
 from services.ingest.models import SampleRow, SampleTag
 from services.ingest.pipeline import PreparedSample
@@ -30,7 +31,7 @@ from services.ingest.samples import (
     insert_samples,
     row_from_event,
 )
-from shared import bus
+from shared import bus, deadletters
 from shared.chat import Sample
 from shared.db import make_engine
 from shared.events import SampleCaptured
@@ -239,7 +240,8 @@ async def test_the_persister_stores_events_and_terminates_a_poison_one(
     broker = bus.make_broker(nats, service="persister-test")
     await bus.connect(broker, nats)
     await bus.declare_streams(broker.connection, nats)
-    persister = sample_persister(broker=broker, engine=db_engine)
+    fidelity = Fidelity()
+    persister = sample_persister(broker=broker, engine=db_engine, fidelity=fidelity)
     caplog.set_level(logging.WARNING, logger="tuneloop.bus")
     samples = [_sample(tenant=tenant, ref=f"trace/{i}") for i in range(50)]
     try:
@@ -264,6 +266,11 @@ async def test_the_persister_stores_events_and_terminates_a_poison_one(
                 await asyncio.sleep(0.05)
         assert "terminated" in caplog.text
         assert "event: not JSON" in caplog.text
+        # Kept in the dead-letter stream, and counted in the tenant's fidelity report.
+        (letter,) = await deadletters.list_dead_letters(js, tenant=tenant)
+        assert letter.reason.startswith("event: not JSON")
+        dropped = fidelity.report(tenant)["unknown"]["dropped"]
+        assert list(dropped) == [f"dead-lettered: {letter.reason}"]
     finally:
         await persister.stop()
         await broker.stop()
