@@ -21,7 +21,12 @@ from starlette.types import Message, Receive, Scope, Send
 
 from services.ingest import dataset_api, forwarding, samples, uploads
 from services.ingest.formats import UnknownFormat, check_format
-from services.ingest.gateway import PASSTHROUGH_PATHS, gemini_method
+from services.ingest.gateway import (
+    GEMINI_ACTIONS,
+    GEMINI_PASSTHROUGH_ACTIONS,
+    PASSTHROUGH_PATHS,
+    gemini_method,
+)
 from services.ingest.models import UploadedFile
 from services.ingest.routing import Api
 from services.ingest.state import Ingest
@@ -77,9 +82,32 @@ async def gemini_generate(model_action: str, request: Request, ingest: IngestDep
     if isinstance(method, Response):
         return method
     model, capture = method
-    path = f"/v1beta/models/{model_action}"
     return await ingest.gateway.handle(
-        request, api="gemini", path=path, model=model, capture=capture
+        request, api="gemini", path=request.url.path, model=model, capture=capture
+    )
+
+
+def _gemini_v1(action: str) -> Callable[..., Awaitable[Response]]:
+    """google-genai's default: `/v1/models/{model}:<action>`. A route per action, so the rest
+    of /v1/models (the hoster's, colons in its ids included) is not taken for Gemini's."""
+
+    async def gemini(model: str, request: Request, ingest: IngestDep) -> Response:
+        return await gemini_generate(f"{model}:{action}", request, ingest)
+
+    gemini.__name__ = f"gemini_v1_{action}"
+    gemini.__doc__ = (
+        "Captured, as on /v1beta." if action in GEMINI_ACTIONS else "Relayed only, not captured."
+    )
+    return gemini
+
+
+for _action in (*GEMINI_ACTIONS, *GEMINI_PASSTHROUGH_ACTIONS):
+    router.add_api_route(
+        f"/v1/models/{{model}}:{_action}",
+        _gemini_v1(_action),
+        methods=["POST"],
+        tags=["gateway"],
+        summary=f"Gemini {_action} (API version v1)",
     )
 
 
@@ -526,10 +554,25 @@ def _forwarder(prefix: str, service: str) -> Any:
     return forward
 
 
+def _nested_forwarder(prefix: str, service: str) -> Any:
+    """`_forwarder` for `/v1/<prefix>/{rest:path}`: `rest` is in the signature so that the
+    OpenAPI document declares the path parameter (the relay sends the raw path on)."""
+    forward = _forwarder(prefix, service)
+
+    async def forward_nested(rest: str, request: Request, ingest: IngestDep) -> Response:
+        return await forward(request, ingest)
+
+    forward_nested.__name__ = f"forward_{prefix}_nested"
+    forward_nested.__doc__ = forward.__doc__
+    return forward_nested
+
+
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 for _prefix, _service in forwarding.OWNERS.items():
-    _forward = _forwarder(_prefix, _service)
-    for _path in (f"/v1/{_prefix}", f"/v1/{_prefix}/{{rest:path}}"):
+    for _path, _forward in (
+        (f"/v1/{_prefix}", _forwarder(_prefix, _service)),
+        (f"/v1/{_prefix}/{{rest:path}}", _nested_forwarder(_prefix, _service)),
+    ):
         # A route per method: FastAPI names a many-method route's operations after one of its
         # methods, so they would share one OpenAPI operation id.
         for _method in _METHODS:

@@ -23,6 +23,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.ingest.gateway import (
     CAPTURED_PATHS,
+    GEMINI_ACTIONS,
+    GEMINI_PASSTHROUGH_ACTIONS,
     PASSTHROUGH_PATHS,
     Gateway,
     gemini_method,
@@ -35,6 +37,10 @@ from shared.telemetry import Telemetry
 OTLP_TRACES = "/v1/traces"
 GEMINI_PREFIX = "/v1beta/models/"
 GEMINI_TEMPLATE = "/v1beta/models/{model_action}"
+# google-genai calls /v1 by default. There only Gemini's own actions are Gemini calls: the rest of
+# /v1/models is the hoster's (relayed), whose model ids hold colons too (ft:<base>:<suffix>:<job>).
+GEMINI_V1_PREFIX = "/v1/models/"
+_ALL_GEMINI_ACTIONS = frozenset((*GEMINI_ACTIONS, *GEMINI_PASSTHROUGH_ACTIONS))
 _FLUSH_S = 1.0
 
 
@@ -58,10 +64,29 @@ def answers(method: str, path: str) -> bool:
 
 
 def _gemini_model_action(path: str) -> str | None:
-    if not path.startswith(GEMINI_PREFIX):
-        return None
-    rest = path[len(GEMINI_PREFIX) :]
-    return rest if rest and "/" not in rest else None
+    """`<model>:<action>` of a Gemini call's path, else None: anything under /v1beta/models/
+    (an unknown action gets Gemini's 404), under /v1/models/ only Gemini's actions."""
+    for prefix in (GEMINI_PREFIX, GEMINI_V1_PREFIX):
+        if path.startswith(prefix):
+            rest = path[len(prefix) :]
+            if not rest or "/" in rest:
+                return None
+            if prefix == GEMINI_PREFIX or _gemini_v1_action(rest) is not None:
+                return rest
+    return None
+
+
+def _gemini_v1_action(model_action: str) -> str | None:
+    """The Gemini action `<model>:<action>` ends in, if it is one (the /v1 route's template)."""
+    model, colon, action = model_action.rpartition(":")
+    return action if model and colon and action in _ALL_GEMINI_ACTIONS else None
+
+
+def _gemini_template(path: str, model_action: str) -> str:
+    """The route template a Gemini call is counted under, as api.py documents it."""
+    if path.startswith(GEMINI_PREFIX):
+        return GEMINI_TEMPLATE
+    return f"{GEMINI_V1_PREFIX}{{model}}:{_gemini_v1_action(model_action)}"
 
 
 class ProxyRoutes:
@@ -132,7 +157,7 @@ class ProxyEndpoints:
         try:
             await self._gemini(scope, receive, noting_status, model_action)
         finally:
-            self._count(GEMINI_TEMPLATE, status)
+            self._count(_gemini_template(path, model_action), status)
 
     async def _gemini(self, scope: Scope, receive: Receive, send: Send, model_action: str) -> None:
         method = gemini_method(model_action)
@@ -140,9 +165,8 @@ class ProxyEndpoints:
             await self.gateway.refuse(method, scope, receive, send)
             return
         model, capture = method
-        path = f"{GEMINI_PREFIX}{model_action}"
         await self.gateway.serve(
-            scope, receive, send, api="gemini", path=path, model=model, capture=capture
+            scope, receive, send, api="gemini", path=scope["path"], model=model, capture=capture
         )
 
     def _count(self, route: str, status: int) -> None:

@@ -14,6 +14,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from services.ingest import targets
 from services.ingest.proxy import HOP_BY_HOP
 from shared.settings import Settings
 
@@ -44,9 +45,15 @@ def service_urls(settings: Settings) -> dict[str, str]:
 async def relay(
     client: httpx.AsyncClient, request: Request, base_url: str, service: str
 ) -> Response:
-    """Send the request on as it is and stream the answer back."""
+    """Send the request on as it is (the path as the client wrote it, percent-encoded: see
+    services.ingest.targets) and stream the answer back; 400 for a target that is refused."""
     headers = {k: v for k, v in request.headers.items() if k not in _HOP_BY_HOP}
-    url = base_url + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    try:
+        path = targets.checked_path(request.scope.get("raw_path") or request.url.path.encode())
+        query = targets.checked_query(request.scope.get("query_string", b""))
+    except targets.BadTarget as exc:
+        return JSONResponse({"detail": str(exc)}, status_code=400)
+    url = base_url + path + (f"?{query}" if query else "")
     outgoing = client.build_request(request.method, url, headers=headers, content=request.stream())
     try:
         answer = await client.send(outgoing, stream=True)

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from services.ingest import targets
 from services.ingest.capture import CapturedCall
 from services.ingest.config import IngestSettings
 from services.ingest.errors import error_response, model_not_found
@@ -213,18 +214,21 @@ class Gateway:
         """The call read and checked: (incoming, tenant, model), or the refusal to send. The
         model is None only for a `model_optional` call whose body names none."""
         headers: list[tuple[bytes, bytes]] = scope["headers"]
-        incoming = Incoming(
-            method=scope["method"],
-            raw_path=scope.get("raw_path", scope["path"].encode()).decode("latin-1"),
-            query=scope.get("query_string", b"").decode("latin-1"),
-            headers=headers,
-        )
         try:
-            tenant, incoming.body = await self.admit(scope, receive)
+            tenant, body = await self.admit(scope, receive)
+            incoming = Incoming(
+                method=scope["method"],
+                raw_path=targets.checked_path(scope.get("raw_path") or scope["path"].encode()),
+                query=targets.checked_query(scope.get("query_string", b"")),
+                headers=headers,
+                body=body,
+            )
         except AuthError as exc:  # a missing key included
             return error_response(api, 401, str(exc))
         except BodyTooLarge as exc:
             return error_response(api, 413, str(exc))
+        except targets.BadTarget as exc:
+            return error_response(api, 400, str(exc))
         if model is None and (incoming.body or not model_optional):
             model_or_error = _model_from_body(incoming.body, api, required=not model_optional)
             if isinstance(model_or_error, Response):

@@ -69,7 +69,7 @@ class Incoming:
     """What the gateway read of one call: method, raw path and query, headers, the whole body."""
 
     method: str
-    raw_path: str  # as sent (percent-encoded), for paths that carry a model name
+    raw_path: str  # as sent (percent-encoded, checked: services.ingest.targets): sent upstream
     query: str
     headers: Headers
     body: bytes = b""
@@ -118,10 +118,12 @@ def _key_header(api: Api, key: str) -> tuple[bytes, bytes]:
     return b"authorization", b"Bearer " + key.encode("latin-1")
 
 
-def upstream_target(incoming: Incoming, path: str) -> str:
-    """Path and query for the upstream. Gemini clients may put their (tuneloop) key in ?key=; it
-    must not travel upstream. The rest of the query is kept as sent (Vertex uses
-    `$alt=json;enum-encoding=int`)."""
+def upstream_target(incoming: Incoming) -> str:
+    """Path and query for the upstream: the raw path as the client sent it (never the decoded
+    one, whose `%0d%0a` would split the request line). Gemini clients may put their (tuneloop)
+    key in ?key=; it must not travel upstream. The rest of the query is kept as sent (Vertex
+    uses `$alt=json;enum-encoding=int`)."""
+    path = incoming.raw_path
     if not incoming.query:
         return path
     query = "&".join(
@@ -168,6 +170,7 @@ async def forward(
 ) -> None:
     """Relay the call; raises UpstreamUnreachable before anything was sent to the client.
 
+    `path` is the API path the capture records; the upstream gets the client's raw path.
     `response_headers` are added to the upstream's (the gateway's own `x-tuneloop-served-by`).
     `capture` None: the call is relayed only (embeddings, token counts), its answer not kept.
     """
@@ -176,7 +179,7 @@ async def forward(
         upstream = await client.request(
             incoming.method,
             route.base_url,
-            upstream_target(incoming, path),
+            upstream_target(incoming),
             upstream_headers(incoming, route),
             incoming.body,
         )

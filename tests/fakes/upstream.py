@@ -182,6 +182,7 @@ class Received:
     headers: dict[str, str]
     body: dict[str, Any]
     raw: bytes = b""  # the body's bytes as they arrived
+    target: bytes = b""  # the request line's target as it arrived (raw path and query)
 
 
 @dataclass
@@ -214,7 +215,11 @@ class FakeUpstream:
     ) -> None:
         """Keep what arrived (the body parsed and as bytes) for the test's assertions."""
         raw = await request.body()
-        self.received.append(Received(path or request.url.path, dict(request.headers), body, raw))
+        query = request.scope["query_string"]
+        target = request.scope["raw_path"] + (b"?" + query if query else b"")
+        self.received.append(
+            Received(path or request.url.path, dict(request.headers), body, raw, target)
+        )
 
     async def _check_key(self, request: Request, api: str) -> Response | None:
         expected = UPSTREAM_KEYS[api]
@@ -345,6 +350,8 @@ class FakeUpstream:
                 Route("/v1/messages", self.anthropic, methods=["POST"]),
                 *(Route(path, self.documented, methods=["POST"]) for path in DOCUMENTED_ANSWERS),
                 Route("/v1beta/models/{model_action}", self.gemini, methods=["POST"]),
+                # google-genai's default API version; the same methods, the same answers.
+                Route("/v1/models/{model_action}", self.gemini, methods=["POST"]),
                 Route(
                     "/v1/responses/{response_id}", self.stored_response, methods=["GET", "DELETE"]
                 ),

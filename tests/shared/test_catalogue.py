@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -147,3 +149,26 @@ def test_smollm2_entry_matches_the_converted_model(smollm2_dir: Path) -> None:
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
     assert SMOLLM2_135M_INSTRUCT.chat_template == "chatml"
     assert "<|im_start|>user\nhi<|im_end|>" in rendered
+
+
+def test_make_up_prepares_the_model_first_and_only_once(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+
+    def dry_run() -> list[str]:
+        env = {**os.environ, "TUNELOOP_DATA_DIR": str(tmp_path)}
+        done = subprocess.run(
+            ["make", "-n", "up"], cwd=root, env=env, capture_output=True, text=True, check=True
+        )
+        return done.stdout.splitlines()
+
+    lines = dry_run()
+    prepare = [i for i, line in enumerate(lines) if f"base_models prepare {SMOL}" in line]
+    start = [i for i, line in enumerate(lines) if line.endswith("tuneloop up")]
+    assert prepare, lines
+    assert start, lines
+    assert prepare[0] < start[0], lines
+    # Once prepared (its conversion stamp), `make up` goes straight to starting the stack.
+    stamped = tmp_path / "models" / SMOL / base_models.STAMP_NAME
+    stamped.parent.mkdir(parents=True)
+    stamped.write_text("{}")
+    assert not any("base_models prepare" in line for line in dry_run())

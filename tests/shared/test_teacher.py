@@ -5,6 +5,8 @@ is not a ticket, and serves the gateway's `teacher-*` route with the calls captu
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -144,6 +146,26 @@ def test_what_is_not_a_ticket_gets_an_openai_error(teacher: str) -> None:
     with pytest.raises(openai.NotFoundError) as unknown:
         client.chat.completions.create(**generate("heldout")[0].request("gpt-4o"))
     assert unknown.value.code == "model_not_found"
+
+
+def test_tuneloop_teacher_serves_on_the_port_it_is_given(tmp_path: Path) -> None:
+    port = free_port()
+    tuneloop = Path(sys.executable).parent / "tuneloop"
+    log = (tmp_path / "teacher.log").open("wb")
+    process = subprocess.Popen(
+        [str(tuneloop), "teacher", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert localstack.wait_until(localstack.http_ready(f"{url}/healthz", [200]), 30), (
+            tmp_path / "teacher.log"
+        ).read_text()
+        assert [m.id for m in _client(url).models.list().data] == [TEACHER_MODEL]
+    finally:
+        process.terminate()
+        process.wait(10)
+        log.close()
+    assert "stand-in" in (tmp_path / "teacher.log").read_text()
 
 
 def test_the_shipped_upstream_entry_points_at_the_teachers_default_port() -> None:

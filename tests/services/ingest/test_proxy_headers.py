@@ -58,7 +58,7 @@ def test_a_key_with_a_line_break_inside_is_never_sent(monkeypatch: pytest.Monkey
 
 def test_the_callers_key_in_the_query_stays_behind() -> None:
     def target(query: str) -> str:
-        return upstream_target(Incoming("POST", "/m:generateContent", query, []), "/m:x")
+        return upstream_target(Incoming("POST", "/m:x", query, []))
 
     assert target("") == "/m:x"
     assert target("key=tl_secret") == "/m:x"
