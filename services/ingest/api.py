@@ -19,7 +19,7 @@ from starlette.datastructures import FormData
 from starlette.datastructures import UploadFile as StarletteUploadFile
 from starlette.types import Message, Receive, Scope, Send
 
-from services.ingest import dataset_api, forwarding, samples, uploads
+from services.ingest import dataset_api, forwarding, keys_api, samples, uploads
 from services.ingest.formats import UnknownFormat, check_format
 from services.ingest.gateway import (
     GEMINI_ACTIONS,
@@ -37,6 +37,8 @@ from shared.storage import ObjectNotFound
 router = APIRouter()
 # Datasets have their own module of routes (dataset_api.py).
 router.include_router(dataset_api.router)
+# A tenant's own keys (admin scope): keys_api.py.
+router.include_router(keys_api.router)
 
 
 async def get_ingest(request: Request) -> Ingest:
@@ -175,10 +177,15 @@ class _Asgi(Response):
 
 
 async def _principal(request: Request, ingest: Ingest) -> auth.Principal:
+    """The caller, whose key's scope allows the method (a read key only reads: 403)."""
     try:
-        return await ingest.gateway.authenticate(request)
+        principal = await ingest.gateway.authenticate(request)
+        action = f"{request.method} {request.url.path}"
+        return auth.check_scope(principal, *auth.scopes_for_method(request.method), action=action)
     except auth.AuthError as exc:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail=str(exc)) from None
+    except auth.ScopeError as exc:
+        raise auth.forbidden(exc) from None
 
 
 # /v1/files takes its form by hand, not as FastAPI File/Form parameters: FastAPI reads and spools
@@ -504,10 +511,6 @@ class TenantIn(BaseModel):
     name: str
 
 
-class KeyIn(BaseModel):
-    name: str
-
-
 @router.post(
     "/v1/admin/tenants", tags=["admin"], status_code=201, dependencies=[Depends(auth.require_admin)]
 )
@@ -526,18 +529,12 @@ def create_tenant(body: TenantIn, engine: EngineDep) -> dict[str, str]:
     "/v1/admin/tenants/{tenant_id}/api_keys",
     tags=["admin"],
     status_code=201,
+    response_model=keys_api.IssuedKey,
     dependencies=[Depends(auth.require_admin)],
 )
-def issue_key(tenant_id: str, body: KeyIn, engine: EngineDep) -> dict[str, str]:
-    """The key is shown once; only its hash is stored."""
-    try:
-        with session_scope(engine) as session:
-            key, plaintext = auth.issue_api_key(session, tenant_id=tenant_id, name=body.name)
-            return {"id": key.id, "prefix": key.prefix, "tenant": tenant_id, "key": plaintext}
-    except auth.AuthInputError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from None
-    except auth.TenantNotFoundError as exc:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=str(exc)) from None
+def issue_key(tenant_id: str, body: keys_api.KeyIn, engine: EngineDep) -> keys_api.IssuedKey:
+    """The key is shown once; only its hash is stored. `scope` defaults to write."""
+    return keys_api.issue(engine, tenant_id=tenant_id, body=body)
 
 
 # --- control plane of other services ----------------------------------------------------------
@@ -545,6 +542,9 @@ def issue_key(tenant_id: str, body: KeyIn, engine: EngineDep) -> dict[str, str]:
 
 def _forwarder(prefix: str, service: str) -> Any:
     async def forward(request: Request, ingest: IngestDep) -> Response:
+        if request.method not in ("GET", "HEAD"):
+            # The owner checks every call too; a read key's changes stop here, early.
+            await _principal(request, ingest)
         return await forwarding.relay(
             ingest.control_client, request, ingest.services[service], service
         )

@@ -100,7 +100,7 @@ def check_selection(session: Session, *, tenant: str, spec: DatasetSpec) -> int:
     summary="Build a dataset from captured samples or uploaded files (in the background)",
 )
 async def create_dataset(
-    spec: DatasetSpec, principal: auth.PrincipalDep, engine: EngineDep, worker: WorkerDep
+    spec: DatasetSpec, principal: auth.WriterDep, engine: EngineDep, worker: WorkerDep
 ) -> dict[str, Any]:
     tenant = principal.tenant_id
     check_base_model(spec, tenant=tenant, bucket=worker.store.bucket)

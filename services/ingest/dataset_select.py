@@ -3,8 +3,9 @@
 Rows are read in keyset pages of (created_at, id), oldest first, with only the columns needed,
 so a 100k-sample selection never sits in one result set and its order is the same every time
 (the split and the version hash depend on it). What SQL can filter (time, source, provider,
-status, tags) is filtered there; models and metadata are checked on the parsed sample with the
-filter's own `matches`, and file membership on the stored bytes, since none has a column.
+status, tags, purposes) is filtered there; models and metadata are checked on the parsed sample
+with the filter's own `matches`, and file membership on the stored bytes, since none has a
+column.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sqlmodel import Session, col, select
 
 from services.ingest.dataset_spec import SampleFilter
 from services.ingest.models import SampleRow, SampleTag, UploadedFile
+from services.ingest.purpose import TAG_PREFIX as PURPOSE_PREFIX
 from shared.chat import Sample
 from shared.db import UTCDateTime
 
@@ -83,6 +85,13 @@ def _filter_conditions(tenant: str, selection: SampleFilter | None) -> list[Any]
             col(SampleTag.sample_id) == col(SampleRow.id), col(SampleTag.tag) == tag
         )
         conditions.append(tagged)
+    # The platform's own calls only when asked for (SampleFilter.include_purposes).
+    purposed = sa.exists().where(
+        col(SampleTag.sample_id) == col(SampleRow.id),
+        col(SampleTag.tag).startswith(PURPOSE_PREFIX, autoescape=True),
+        col(SampleTag.tag).not_in(sorted(selection.purpose_tags_kept())),
+    )
+    conditions.append(~purposed)
     return conditions
 
 

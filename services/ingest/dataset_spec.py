@@ -10,6 +10,8 @@ from typing import Literal, Self
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from services.ingest.purpose import SLUG_RULE, is_purpose
+from services.ingest.purpose import TAG_PREFIX as PURPOSE_PREFIX
 from shared.catalogue import CATALOGUE, is_model_id
 from shared.chat import Provider, Sample, Source
 
@@ -34,6 +36,22 @@ class SampleFilter(_Spec):
     tags: list[str] = Field(default_factory=list)
     metadata: dict[str, MetadataScalar] = Field(default_factory=dict)
     status: Literal["ok", "error"] | None = "ok"
+    # The platform's own calls (a `purpose:<value>` tag: judge verdicts, shadow traffic, evals)
+    # are left out unless their purpose is listed here (or named in `tags`).
+    include_purposes: list[str] = Field(default_factory=list)
+
+    @field_validator("include_purposes")
+    @classmethod
+    def _purposes(cls, value: list[str]) -> list[str]:
+        for i, purpose in enumerate(value):
+            if not is_purpose(purpose):
+                raise ValueError(f"include_purposes[{i}]: {purpose[:40]!r} is not {SLUG_RULE}")
+        return value
+
+    def purpose_tags_kept(self) -> frozenset[str]:
+        """The `purpose:` tags a sample may carry and still be selected."""
+        named = {tag for tag in self.tags if tag.startswith(PURPOSE_PREFIX)}
+        return frozenset({PURPOSE_PREFIX + p for p in self.include_purposes} | named)
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -55,6 +73,11 @@ class SampleFilter(_Spec):
                 and (response.model in self.models or response.model_requested in self.models)
             ),
             all(tag in sample.tags for tag in self.tags),
+            all(
+                tag in self.purpose_tags_kept()
+                for tag in sample.tags
+                if tag.startswith(PURPOSE_PREFIX)
+            ),
             all(_same_scalar(sample.metadata.get(k), v) for k, v in self.metadata.items()),
             self.status is None or (response.status if response else "ok") == self.status,
         )

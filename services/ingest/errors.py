@@ -16,6 +16,7 @@ from services.ingest.routing import Api
 _OPENAI_TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",
+    403: "permission_denied_error",
     404: "invalid_request_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
@@ -26,6 +27,7 @@ _OPENAI_TYPES = {
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     413: "request_too_large",
     422: "invalid_request_error",
@@ -36,6 +38,7 @@ _ANTHROPIC_TYPES = {
 _GOOGLE_STATUS = {
     400: "INVALID_ARGUMENT",
     401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
     404: "NOT_FOUND",
     413: "INVALID_ARGUMENT",
     422: "INVALID_ARGUMENT",

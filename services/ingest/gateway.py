@@ -27,6 +27,7 @@ from services.ingest.config import IngestSettings
 from services.ingest.errors import error_response, model_not_found
 from services.ingest.normalize import RESPONSES_PATH
 from services.ingest.proxy import Incoming, UpstreamUnreachable, forward, parse_tags
+from services.ingest.purpose import PurposeRefused, check_tags, purpose_tag
 from services.ingest.routing import Api, RoutingTable
 from services.ingest.upstream_pool import UpstreamPool
 from shared.auth import (
@@ -35,8 +36,11 @@ from shared.auth import (
     CachedAuthenticator,
     MissingKeyError,
     Principal,
+    ScopeError,
+    check_scope,
     presented_key,
 )
+from shared.auth import Scope as AuthScope
 
 log = logging.getLogger("tuneloop.ingest.gateway")
 
@@ -66,6 +70,8 @@ _STORED_RESPONSE_CALLS = frozenset(
 )
 MODEL_OPTIONAL_PATHS: dict[str, Api] = {"/v1/moderations": "openai"}
 _MISSING_KEY = f"missing tuneloop API key: send it as {ACCEPTED_KEY_SOURCES}"
+# Provider calls cost money and make samples: a read key may not make them (docs/keys.md).
+GATEWAY_SCOPES: tuple[AuthScope, ...] = ("write", "internal")
 
 
 def model_optional_call(method: str, path: str) -> tuple[Api, str] | None:
@@ -123,15 +129,24 @@ class Gateway:
         return await self._authenticator.verify(key)
 
     async def admit(self, scope: Scope, receive: Receive) -> tuple[str, bytes]:
-        """The caller's tenant and the whole request body, for the raw ASGI endpoints (the
-        proxy's `_prepare`, the OTLP receiver). Raises AuthError (a 401) or BodyTooLarge (a 413)
-        before reading more than the limit."""
+        """The caller's tenant and the whole request body, for the OTLP receiver: an export
+        makes samples, so it needs a `write` key (see `admit_principal`)."""
+        principal, body = await self.admit_principal(scope, receive, accepted=("write",))
+        return principal.tenant_id, body
+
+    async def admit_principal(
+        self, scope: Scope, receive: Receive, *, accepted: tuple[AuthScope, ...]
+    ) -> tuple[Principal, bytes]:
+        """The caller's principal and the whole request body, for the raw ASGI endpoints.
+        Raises AuthError (a 401), ScopeError (a 403: the key's scope grants none of
+        `accepted`) or BodyTooLarge (a 413), each before reading more than the limit."""
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         key = _presented_key(headers, scope.get("query_string", b"").decode("latin-1"))
         if key is None:
             raise MissingKeyError(_MISSING_KEY)
-        tenant = (await self._authenticator.verify(key)).tenant_id
-        return tenant, await self._body(headers, receive)
+        principal = await self._authenticator.verify(key)
+        check_scope(principal, *accepted, action=f"{scope['method']} {scope['path']}")
+        return principal, await self._body(headers, receive)
 
     async def handle(
         self,
@@ -215,7 +230,7 @@ class Gateway:
         model is None only for a `model_optional` call whose body names none."""
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         try:
-            tenant, body = await self.admit(scope, receive)
+            principal, body = await self.admit_principal(scope, receive, accepted=GATEWAY_SCOPES)
             incoming = Incoming(
                 method=scope["method"],
                 raw_path=targets.checked_path(scope.get("raw_path") or scope["path"].encode()),
@@ -225,6 +240,8 @@ class Gateway:
             )
         except AuthError as exc:  # a missing key included
             return error_response(api, 401, str(exc))
+        except ScopeError as exc:
+            return error_response(api, 403, str(exc))
         except BodyTooLarge as exc:
             return error_response(api, 413, str(exc))
         except targets.BadTarget as exc:
@@ -235,7 +252,14 @@ class Gateway:
                 return model_or_error
             model = model_or_error
         incoming.tags = parse_tags(headers)
-        return incoming, tenant, model
+        try:
+            check_tags(incoming.tags)
+            purpose = purpose_tag(headers, principal)
+        except PurposeRefused as exc:
+            return error_response(api, exc.status, str(exc))
+        if purpose is not None:
+            incoming.tags.append(purpose)
+        return incoming, principal.tenant_id, model
 
     async def _body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
         limit = self.settings.max_body_bytes

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from google.rpc.code_pb2 import INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAUTHENTICATED, UNAVAILABLE
+from google.rpc.code_pb2 import (
+    INVALID_ARGUMENT,
+    PERMISSION_DENIED,
+    RESOURCE_EXHAUSTED,
+    UNAUTHENTICATED,
+    UNAVAILABLE,
+)
 from starlette.types import Receive, Scope, Send
 
 from services.ingest.gateway import BodyTooLarge, Gateway
@@ -25,7 +31,7 @@ from services.ingest.otlp import (
 )
 from services.ingest.otlp_workers import ExportMapper, MapperUnavailable
 from services.ingest.pipeline import CapturePipeline
-from shared.auth import AuthError
+from shared.auth import AuthError, ScopeError
 
 # The failure answers' google.rpc.Code values (INVALID_ARGUMENT, ...): OTLP clients go by the
 # HTTP status (429, 502, 503 and 504 are retried, every other failure is not); the code is for
@@ -142,6 +148,8 @@ class TraceReceiver:
             tenant, body = await self._gateway.admit(scope, receive)
         except AuthError as exc:
             return failure(401, UNAUTHENTICATED, str(exc), content_type)
+        except ScopeError as exc:
+            return failure(403, PERMISSION_DENIED, str(exc), content_type)
         except BodyTooLarge as exc:
             return failure(413, RESOURCE_EXHAUSTED, str(exc), content_type)
         try:

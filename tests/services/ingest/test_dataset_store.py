@@ -211,3 +211,33 @@ def test_list_pages_newest_first_per_tenant(db_engine: Engine) -> None:
     assert len(seen) == 5
     with Session(db_engine) as session, pytest.raises(LookupError):
         dataset_rows.list_page(session, tenant="globex", limit=2, after=ids[0])
+
+
+def test_purposed_samples_are_selected_only_when_their_purpose_is_included(
+    db_engine: Engine,
+) -> None:
+    samples = [
+        _sample(0, tags=("prod",)),
+        _sample(1, tags=("prod", "purpose:judge")),
+        _sample(2, tags=("prod", "purpose:shadow")),
+        _sample(3, tags=("purpose:judge",)),
+    ]
+    _store(db_engine, samples)
+    wanted = [
+        (SampleFilter(), [0]),
+        (SampleFilter(include_purposes=["judge"]), [0, 1, 3]),
+        (SampleFilter(include_purposes=["judge", "shadow"], tags=["prod"]), [0, 1, 2]),
+        (SampleFilter(tags=["purpose:shadow"]), [2]),  # naming it as a tag asks for it too
+    ]
+    for selection, indexes in wanted:
+        want = sorted(samples[i].id for i in indexes)
+        assert sorted(s.id for s in samples if selection.matches(s)) == want, selection
+        assert sorted(_ids(db_engine, selection)) == want, selection
+        with Session(db_engine) as session:
+            counted = dataset_select.count_filtered(session, tenant="acme", selection=selection)
+        assert counted == len(want), selection
+
+
+def test_include_purposes_must_be_purpose_slugs() -> None:
+    with pytest.raises(ValueError, match=r"include_purposes\[1\]: 'Judge!' is not 1-32"):
+        SampleFilter(include_purposes=["shadow", "Judge!"])
