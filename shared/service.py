@@ -24,6 +24,7 @@ from faststream.nats import NatsRouter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared import bus, db
+from shared.body_guard import BodyGuard
 from shared.events import ServiceHeartbeat
 from shared.logs import configure_logging
 from shared.presence import Presence
@@ -131,7 +132,8 @@ class ServiceRuntime:
     ) -> FastAPI:
         """The service's app. `untraced(scope)` picks requests FastAPI makes no span for: a hot
         path that counts its own metrics (the gateway's proxy routes), where a span per call
-        would cost more than the work it describes."""
+        would cost more than the work it describes. Every route's body passes BodyGuard (the
+        key first, then TUNELOOP_APP_MAX_JSON_BODY_BYTES) unless it is `reads_own_body`."""
         app = FastAPI(
             title=f"tuneloop {self.name}",
             summary=summary,
@@ -140,13 +142,39 @@ class ServiceRuntime:
         )
         app.state.runtime = self
         app.state.db_engine = self.engine
+        app.openapi = _with_error_messages(app.openapi)  # type: ignore[method-assign]
         app.include_router(self._health_router())
         app.include_router(api)
+        app.add_middleware(
+            BodyGuard,
+            max_bytes=self.settings.app.max_json_body_bytes,
+            engine=self.engine,
+            auth_settings=self.settings.auth,
+        )
         app.add_middleware(ServedBy, service=self.name)
         self.telemetry = setup_telemetry(
             self.name, otlp_endpoint=self.settings.telemetry.otlp_endpoint, app=app
         )
         return app
+
+
+def _with_error_messages(openapi: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    """The app's OpenAPI document, its 422 body saying what our routes send: FastAPI documents
+    `detail` as its list of field errors only, while a route refusing a well-formed request it
+    cannot serve (an empty dataset selection, a bad tenant id) sends one message naming the field."""
+
+    def document() -> dict[str, Any]:
+        schema = openapi()  # FastAPI builds it once and keeps it; this edit is idempotent
+        error = schema.get("components", {}).get("schemas", {}).get("HTTPValidationError")
+        detail = error["properties"]["detail"] if error else None
+        if detail is not None and "anyOf" not in detail:
+            error["properties"]["detail"] = {
+                "title": "Detail",
+                "anyOf": [{"type": "string"}, {k: v for k, v in detail.items() if k != "title"}],
+            }
+        return schema
+
+    return document
 
 
 class ServedBy:

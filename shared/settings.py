@@ -41,6 +41,11 @@ class AppSettings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_json: bool = True
     bind_host: str = "127.0.0.1"
+    # The largest request body a route that does not stream its own takes (413 past it; checked
+    # before the body is read, after the key): dataset specs, job creations and admin calls are
+    # a few KiB, so a few MiB is generous and still bounds what one call can make a service
+    # parse. Uploads, imports, OTLP exports and proxied calls have limits of their own.
+    max_json_body_bytes: int = Field(default=4 * 1024**2, ge=1024)
 
     @property
     def is_development(self) -> bool:

@@ -31,6 +31,7 @@ from services.ingest.models import UploadedFile
 from services.ingest.routing import Api
 from services.ingest.state import Ingest
 from shared import auth
+from shared.body_guard import reads_own_body
 from shared.db import get_engine, session_scope
 from shared.storage import ObjectNotFound
 
@@ -155,6 +156,7 @@ async def moderations(request: Request, ingest: IngestDep) -> Response:
 
 
 @router.post("/v1/traces", tags=["otlp"], summary="OTLP/HTTP trace export (protobuf or JSON, gzip)")
+@reads_own_body
 async def otlp_traces(ingest: IngestDep) -> Response:
     """OTLP/HTTP `ExportTraceServiceRequest`s, answered with an `ExportTraceServiceResponse`
     (partial success for rejected spans) or a `google.rpc.Status`. Served ahead of FastAPI
@@ -262,6 +264,7 @@ def _form_text(form: FormData, name: str, default: str | None = None) -> str:
     summary="Upload a JSONL file (OpenAI files API)",
     openapi_extra=_UPLOAD_FORM,
 )
+@reads_own_body
 async def upload_file(request: Request, ingest: IngestDep) -> dict[str, Any]:
     principal = await _principal(request, ingest)
     form = await _upload_form(request, ingest.settings.max_upload_bytes)
@@ -418,6 +421,7 @@ def list_files(principal: auth.PrincipalDep, engine: EngineDep) -> dict[str, Any
 @router.post(
     "/v1/samples/import", tags=["uploads"], summary="Import JSONL samples from the request body"
 )
+@reads_own_body
 async def import_samples(
     request: Request,
     ingest: IngestDep,
