@@ -46,8 +46,12 @@ def _tenant_key(url: str) -> str:
         f"{url}/v1/admin/tenants", json={"id": "fuzz", "name": "fuzz"}, headers=admin
     )
     assert tenant.status_code == 201, tenant.text
+    # Scope admin, the widest a tenant's key may have: every tenant route is exercised past
+    # its scope check.
     key = httpx.post(
-        f"{url}/v1/admin/tenants/fuzz/api_keys", json={"name": "schemathesis"}, headers=admin
+        f"{url}/v1/admin/tenants/fuzz/api_keys",
+        json={"name": "schemathesis", "scope": "admin"},
+        headers=admin,
     )
     assert key.status_code == 201, key.text
     return str(key.json()["key"])
