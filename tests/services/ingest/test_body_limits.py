@@ -3,8 +3,10 @@ TUNELOOP_APP_MAX_JSON_BODY_BYTES gets 413 (declared or chunked) before it is par
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 
+import httpx
 import pytest
 
 from shared.settings import AppSettings
@@ -53,3 +55,26 @@ def test_a_json_body_over_the_limit_gets_413_declared_or_chunked(edge: Edge) -> 
     answer = _post(edge, "/v1/datasets", JSON | key | {"transfer-encoding": "chunked"}, chunks)
     assert status_of(answer) == 413, answer[:400]
     assert json_of(answer)["detail"] == detail
+
+
+def test_a_streamed_import_is_not_held_to_the_json_limit(edge: Edge) -> None:
+    # /v1/samples/import reads its body as it arrives, under limits of its own: a body larger
+    # than the JSON routes take is imported whole.
+    line = json.dumps(
+        {
+            "messages": [
+                {"role": "user", "content": "x" * (256 * 1024)},
+                {"role": "assistant", "content": "ok"},
+            ]
+        }
+    ).encode()
+    body = (line + b"\n") * (LIMIT // len(line) + 2)
+    assert len(body) > LIMIT
+    response = httpx.post(
+        f"{edge.url}/v1/samples/import",
+        content=body,
+        headers={"authorization": f"Bearer {edge.key}"},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text[:400]
+    assert response.json()["accepted_lines"] == LIMIT // len(line) + 2
