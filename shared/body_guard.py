@@ -63,13 +63,10 @@ class BodyGuard:
     """ASGI middleware: the key before the body, and a body limit for every route that does not
     read its own (`reads_own_body`)."""
 
-    def __init__(
-        self, app: ASGIApp, *, max_bytes: int, engine: Engine, auth_settings: AuthSettings
-    ) -> None:
+    def __init__(self, app: ASGIApp, *, max_bytes: int, engine: Engine) -> None:
         self.app = app
         self.max_bytes = max_bytes
-        self.engine = engine
-        self.auth_settings = auth_settings
+        self.engine = engine  # the app's own (app.state.db_engine), as its routes use
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -85,13 +82,14 @@ class BodyGuard:
         await self.app(scope, gate.receive, noting_start)
 
     async def check_key(self, scope: Scope) -> None:
-        """The route's own guard, run now; raises its HTTPException (401) when it refuses."""
+        """The route's own guard, run now; raises its HTTPException (401) when it refuses. The
+        route runs it again as a dependency: one more key lookup, for calls with a body only."""
         guard = route_guard(scope.get("route"))
         request = Request(scope)
         if guard == "admin":
-            auth.require_admin(request, self.auth_settings)
+            auth.require_admin(request, _auth_settings(scope))
         elif guard == "tenant":
-            # In a thread: a cache miss is a database query.
+            # In a thread: the lookup is a database query.
             await asyncio.to_thread(auth.require_principal, request, self.engine)
 
     def too_large(self) -> HTTPException:
@@ -137,6 +135,15 @@ class _Gate:
         declared = _content_length(self.scope)
         if declared is not None and declared > self.guard.max_bytes:
             raise self.guard.too_large()
+
+
+def _auth_settings(scope: Scope) -> AuthSettings:
+    """The admin token's settings as the route's own `require_admin` gets them (a test may
+    override `get_auth_settings`), so the early check and the route never disagree."""
+    overrides = getattr(scope.get("app"), "dependency_overrides", {})
+    provider = overrides.get(auth.get_auth_settings, auth.get_auth_settings)
+    settings: AuthSettings = provider()
+    return settings
 
 
 def _content_length(scope: Scope) -> int | None:

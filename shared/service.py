@@ -146,10 +146,7 @@ class ServiceRuntime:
         app.include_router(self._health_router())
         app.include_router(api)
         app.add_middleware(
-            BodyGuard,
-            max_bytes=self.settings.app.max_json_body_bytes,
-            engine=self.engine,
-            auth_settings=self.settings.auth,
+            BodyGuard, max_bytes=self.settings.app.max_json_body_bytes, engine=self.engine
         )
         app.add_middleware(ServedBy, service=self.name)
         self.telemetry = setup_telemetry(

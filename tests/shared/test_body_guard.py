@@ -61,7 +61,7 @@ def _app(engine: Engine) -> FastAPI:
     async def own_route(request: Request) -> dict[str, int]:
         return {"bytes": sum([len(chunk) async for chunk in request.stream()])}
 
-    app.add_middleware(BodyGuard, max_bytes=LIMIT, engine=engine, auth_settings=settings)
+    app.add_middleware(BodyGuard, max_bytes=LIMIT, engine=engine)
     return app
 
 
