@@ -93,8 +93,10 @@ class LocalProvider:
         process = _process(handle)
         if process is not None:
             group = os.getpgid(process.pid)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(group, signal.SIGTERM)
+            # To the launcher alone, which passes it on: a signal to the whole group would reach
+            # the trainer twice, the second time perhaps after its handler is gone.
+            with contextlib.suppress(psutil.Error):
+                process.terminate()
             deadline = time.monotonic() + grace_s
             while time.monotonic() < deadline and _alive(process):
                 time.sleep(0.1)

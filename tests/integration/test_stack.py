@@ -13,7 +13,7 @@ import pytest
 from shared.settings import Settings
 from tests.plugins.infra import make_settings, settings_env
 
-COMPONENTS = ("nats", "s3", "ingest", "scheduler", "evaluator", "hoster")
+COMPONENTS = ("nats", "s3", "ingest", "scheduler", "evaluator", "hoster", "teacher")
 
 
 def tuneloop(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:

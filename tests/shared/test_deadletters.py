@@ -11,6 +11,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from faststream.nats import NatsBroker
@@ -18,7 +19,7 @@ from faststream.nats import NatsBroker
 from shared import bus, deadletters
 from shared.events import DEADLETTERS, JOBS, JobQueued
 from shared.settings import NatsSettings, Settings
-from tests.plugins.infra import RunningProcess
+from tests.plugins.infra import RunningProcess, settings_on_private_nats
 
 FAST = bus.BatchOptions(batch_size=16, fetch_timeout_s=0.2, retry_delay_s=0.05)
 
@@ -28,8 +29,12 @@ class _BundledJob(JobQueued):
 
 
 @pytest.fixture
-def nats_settings(nats_server: RunningProcess, stack_settings: Settings) -> NatsSettings:
-    return stack_settings.nats
+def nats_settings(
+    tmp_path: Path, private_nats: RunningProcess, stack_settings: Settings
+) -> NatsSettings:
+    # A server of the test's own: the session's JOBS stream holds other tests' events, which
+    # this test's consumer would also take (and count as pending).
+    return settings_on_private_nats(tmp_path, private_nats, stack_settings).nats
 
 
 async def _started(settings: NatsSettings) -> NatsBroker:
