@@ -31,6 +31,7 @@ from typing import Annotated, Literal, get_args
 from uuid import uuid4
 
 from fastapi import Depends, HTTPException, Request, status
+from pydantic import SecretStr
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlmodel import Field, Session, SQLModel, col, select
@@ -378,23 +379,34 @@ def get_auth_settings() -> AuthSettings:
     return get_settings().auth
 
 
-def require_admin(
-    request: Request, settings: Annotated[AuthSettings, Depends(get_auth_settings)]
-) -> None:
-    """FastAPI dependency: the request must carry `Authorization: Bearer <admin token>`."""
+def _require_token(request: Request, expected: SecretStr, variable: str, what: str) -> None:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
-            detail="admin token required: send 'Authorization: Bearer <TUNELOOP_AUTH_ADMIN_TOKEN>'",
+            detail=f"{what} required: send 'Authorization: Bearer <{variable}>'",
             headers=_CHALLENGE,
         )
-    expected = settings.admin_token.get_secret_value().encode()
     # Bytes, because compare_digest refuses non-ASCII str and a caller controls this one.
-    if not hmac.compare_digest(token.strip().encode(), expected):
+    if not hmac.compare_digest(token.strip().encode(), expected.get_secret_value().encode()):
         raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED, detail="admin token is not valid", headers=_CHALLENGE
+            status.HTTP_401_UNAUTHORIZED, detail=f"{what} is not valid", headers=_CHALLENGE
         )
+
+
+def require_admin(
+    request: Request, settings: Annotated[AuthSettings, Depends(get_auth_settings)]
+) -> None:
+    """FastAPI dependency: the request must carry `Authorization: Bearer <admin token>`."""
+    _require_token(request, settings.admin_token, "TUNELOOP_AUTH_ADMIN_TOKEN", "admin token")
+
+
+def require_service(
+    request: Request, settings: Annotated[AuthSettings, Depends(get_auth_settings)]
+) -> None:
+    """FastAPI dependency for internal routes (one service calling another): the request must
+    carry `Authorization: Bearer <service token>`."""
+    _require_token(request, settings.service_token, "TUNELOOP_AUTH_SERVICE_TOKEN", "service token")
 
 
 class CachedAuthenticator:

@@ -3,8 +3,8 @@
 FastAPI reads and parses a JSON body before it runs a single dependency, so without this a
 caller with no key could make a service read and parse as large a body as it liked before
 hearing 401. `BodyGuard` (every service's app has it, see shared.service) acts at the moment a
-route first asks for its body: it runs the route's own auth guard first (`require_admin` or
-`require_principal` from shared.auth, found among the route's dependencies), then refuses a body
+route first asks for its body: it runs the route's own auth guard first (`require_admin`,
+`require_service` or `require_principal` from shared.auth, found among its dependencies), then refuses a body
 over the limit with 413: at once when Content-Length declares it, and as soon as a chunked body
 passes it (reading stops there; nothing past the limit is buffered).
 
@@ -29,7 +29,7 @@ from shared import auth
 from shared.settings import AuthSettings
 
 Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
-Guard = Literal["admin", "tenant"]
+Guard = Literal["admin", "service", "tenant"]
 _OWN_BODY = "_tuneloop_reads_own_body"
 
 
@@ -54,6 +54,8 @@ def route_guard(route: object) -> Guard | None:
     calls = set(_calls(dependant))
     if auth.require_admin in calls:
         return "admin"
+    if auth.require_service in calls:
+        return "service"
     if auth.require_principal in calls:
         return "tenant"
     return None
@@ -88,6 +90,8 @@ class BodyGuard:
         request = Request(scope)
         if guard == "admin":
             auth.require_admin(request, _auth_settings(scope))
+        elif guard == "service":
+            auth.require_service(request, _auth_settings(scope))
         elif guard == "tenant":
             # In a thread: the lookup is a database query.
             await asyncio.to_thread(auth.require_principal, request, self.engine)

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from shared.chat import Sample
+from shared.tasks import TaskKind
 from shared.tenancy import TENANT_PATTERN, TenantId, is_tenant_id
 
 SUBJECT_ROOT = "tuneloop"
@@ -315,6 +316,41 @@ class JobCancelled(JobEvent):
     last_checkpoint_uri: str | None = None
 
 
+class JobPlanned(JobEvent):
+    """The recipe planned the job: what the evaluator scores, when, and what the hoster registers.
+
+    Published once the dataset is built and before the trainer starts, so the base model can be
+    scored while training sets up. `eval_every` 0 means the job has no evals (no eval split):
+    the last checkpoint is registered without a gate.
+    """
+
+    event_name = "job.planned"
+    stream = JOBS
+    base_model: str = Field(description="catalogue id")
+    dataset_id: str
+    dataset_version: str
+    dataset_uri: str
+    task_kind: TaskKind
+    steps: int = Field(ge=1)
+    eval_every: int = Field(ge=0)
+    eval_items: int = Field(ge=0, description="items of the fixed eval subset")
+    fine_tuned_model: str = Field(description="ft:<base>:<suffix>:<job>")
+    auto_deploy: bool = False
+
+
+class TrainingCompleted(AttemptEvent):
+    """The trainer finished: every checkpoint it will write is saved. The job succeeds only once
+    the evaluator's decision is made and the chosen checkpoint is registered (job.succeeded)."""
+
+    event_name = "job.training_completed"
+    stream = JOBS
+    artifact_uri: str
+    last_step: int = Field(ge=0)
+    last_checkpoint_uri: str | None = None
+    trained_tokens: int | None = Field(default=None, ge=0)
+    metrics: Metrics = Field(default_factory=dict)
+
+
 # --- evaluation -------------------------------------------------------------------------------
 
 
@@ -340,20 +376,64 @@ class BestCheckpointChanged(JobEvent):
     previous_uri: str | None = None
 
 
+class BaseScored(JobEvent):
+    """The base model was scored on the job's eval subset before training (the bar to beat)."""
+
+    event_name = "eval.base_scored"
+    stream = EVALS
+    base_model: str
+    score: float = Field(ge=0, le=1)
+    sample_count: int = Field(ge=0)
+    outputs_uri: str | None = None
+
+
+class EvalDecided(JobEvent):
+    """The final decision: which checkpoint is the job's model, its scores, and the gate.
+
+    Carries what the hoster registers, so registration needs no other service's state. `gate`
+    None: the job had no evals, the last checkpoint is the choice and nothing was gated.
+    """
+
+    event_name = "eval.decided"
+    stream = EVALS
+    base_model: str
+    fine_tuned_model: str
+    dataset_id: str
+    dataset_version: str
+    best_step: int = Field(ge=0)
+    best_checkpoint_uri: str
+    best_score: float | None = None
+    base_score: float | None = None
+    scores: dict[int, float] = Field(default_factory=dict, description="task score by step")
+    gate: Literal["passed", "rejected"] | None = None
+    gate_reason: str = ""
+    auto_deploy: bool = False
+
+
 # --- registry and deployments -----------------------------------------------------------------
 
 
 class ModelRegistered(Event):
-    """A checkpoint became a model version in the registry, with its lineage."""
+    """A checkpoint became a model version in the registry, with its lineage.
+
+    v2: the version's served name, checkpoint step and digest, scores and gate (v1 had no
+    producer or consumer)."""
 
     event_name = "model.registered"
+    event_version = 2
     stream = MODELS
-    model_id: str
+    model_id: str = Field(description="the ft: name the version is served under")
     model_version: int = Field(ge=1)
+    version_id: str
     artifact_uri: str
+    sha256: str
     base_model: str
     job_id: str | None = None
+    dataset_id: str | None = None
     dataset_version: str | None = None
+    step: int | None = Field(default=None, ge=0)
+    scores: Metrics = Field(default_factory=dict)
+    gate: Literal["passed", "rejected"] | None = None
 
 
 class ModelAliasChanged(Event):
@@ -379,12 +459,17 @@ class DeploymentRequested(DeploymentEvent):
 
 
 class DeploymentReady(DeploymentEvent):
-    """A deployment serves; the gateway routes `served_model_name` to `endpoint_url`."""
+    """A deployment serves; the gateway routes `served_model_name` to `endpoint_url`.
+
+    v2: the registry version it serves (`version_id`), which the gateway tags captured answers
+    with. The engine answers to `served_model_name` itself: the gateway rewrites no body."""
 
     event_name = "deployment.ready"
+    event_version = 2
     stream = DEPLOYMENTS
     served_model_name: str
     endpoint_url: str
+    version_id: str | None = None
 
 
 class DeploymentFailed(DeploymentEvent):

@@ -19,7 +19,17 @@ Environment = Literal["development", "test", "production"]
 
 # Values that are fine on a laptop and a security hole anywhere else.
 _PLACEHOLDER_SECRETS = frozenset(
-    {"", "changeme", "change-me", "secret", "password", "tuneloop-dev-secret", "tuneloop-dev-admin"}
+    {
+        "",
+        "changeme",
+        "change-me",
+        "secret",
+        "password",
+        "tuneloop-dev-secret",
+        "tuneloop-dev-admin",
+        "tuneloop-dev-service",
+        "tuneloop-dev-webhook",
+    }
 )
 
 
@@ -146,6 +156,9 @@ class AuthSettings(BaseSettings):
 
     # Lets an operator create tenants and API keys; every other request uses a tenant key.
     admin_token: SecretStr = SecretStr("tuneloop-dev-admin")
+    # The services' own calls to each other's internal routes (the evaluator asking the hoster
+    # for an eval engine): never a tenant's key, never routed by the gateway.
+    service_token: SecretStr = SecretStr("tuneloop-dev-service")
     # Trainer webhooks: how old a signed report may be, in seconds, before it is refused.
     signature_tolerance_s: int = Field(default=300, gt=0)
 
@@ -208,6 +221,7 @@ def _refuse_placeholders(settings: Settings) -> None:
     secrets = {
         "TUNELOOP_S3_SECRET_KEY": settings.s3.secret_key.get_secret_value(),
         "TUNELOOP_AUTH_ADMIN_TOKEN": settings.auth.admin_token.get_secret_value(),
+        "TUNELOOP_AUTH_SERVICE_TOKEN": settings.auth.service_token.get_secret_value(),
     }
     weak = [name for name, value in secrets.items() if value.lower() in _PLACEHOLDER_SECRETS]
     if weak:

@@ -42,12 +42,14 @@ from shared.auth import (
     require_access,
     require_admin,
     require_scope,
+    require_service,
     revoke_api_key,
 )
 from shared.db import get_engine
 from shared.settings import AuthSettings
 
 ADMIN_TOKEN = "test-admin-token-0f9e8d7c"
+SERVICE_TOKEN = "test-service-token-7a6b5c4d"
 WELL_FORMED_UNKNOWN = "tl_zzzzzzzz_" + "A" * 43
 SCOPES_PARENT = "5b7c0f2d9a41"  # the revision before API key scopes
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
@@ -200,7 +202,7 @@ def _app(engine: Engine) -> FastAPI:
     app = FastAPI()
     app.state.db_engine = engine
     app.dependency_overrides[get_auth_settings] = lambda: AuthSettings(
-        admin_token=SecretStr(ADMIN_TOKEN)
+        admin_token=SecretStr(ADMIN_TOKEN), service_token=SecretStr(SERVICE_TOKEN)
     )
 
     @app.get("/whoami")
@@ -210,6 +212,10 @@ def _app(engine: Engine) -> FastAPI:
     @app.get("/admin", dependencies=[Depends(require_admin)])
     def admin() -> dict[str, bool]:
         return {"admin": True}
+
+    @app.get("/internal", dependencies=[Depends(require_service)])
+    def internal() -> dict[str, bool]:
+        return {"service": True}
 
     return app
 
@@ -318,6 +324,27 @@ def test_require_admin_wants_the_admin_bearer_token(
     else:
         assert expected in response.json()["detail"]
         assert ADMIN_TOKEN not in response.text
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"Authorization": f"Bearer {ADMIN_TOKEN}"}, "service token is not valid"),
+        ({"Authorization": "Bearer tökén".encode("latin-1")}, "service token is not valid"),
+        ({}, "service token required"),
+    ],
+)
+def test_require_service_wants_the_service_token_not_the_admin_one(
+    db_engine: Engine, headers: dict[str, Any], expected: str
+) -> None:
+    with TestClient(_app(db_engine)) as client:
+        assert client.get(
+            "/internal", headers={"Authorization": f"Bearer {SERVICE_TOKEN}"}
+        ).json() == {"service": True}
+        response = client.get("/internal", headers=headers)
+    assert response.status_code == 401
+    assert expected in response.json()["detail"]
+    assert SERVICE_TOKEN not in response.text
 
 
 # --- the gateway's cached, async authenticator ---------------------------------------------------
