@@ -1,2 +1,92 @@
-"""Tables owned by the scheduler service (sqlmodel). None yet; each new table comes with an alembic
-migration in shared/migrations/versions/."""
+"""Tables owned by the scheduler service: fine-tuning jobs, their events, checkpoints and attempts.
+
+Structured parts of a job (the request's hyperparameters, the recipe's decisions, the trainer
+config, an error) are stored as JSON documents: they are read whole with the job and never
+filtered on. A job's events and checkpoints page by (job, created_at, id).
+"""
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+from shared.db import UTCDateTime, utcnow
+
+
+class JobRow(SQLModel, table=True):
+    __tablename__ = "scheduler_jobs"
+    __table_args__ = (sa.Index("ix_scheduler_jobs_tenant_created", "tenant", "created_at", "id"),)
+
+    id: str = Field(primary_key=True, max_length=64)
+    tenant: str = Field(max_length=63)
+    status: str = Field(max_length=24, index=True)
+    model: str = Field(max_length=128)
+    training_file: str = Field(max_length=128)
+    validation_file: str | None = Field(default=None, max_length=128)
+    dataset_id: str | None = Field(default=None, max_length=64)
+    dataset_uri: str | None = Field(default=None, max_length=1024)
+    suffix: str | None = Field(default=None, max_length=64)
+    seed: int = 0
+    auto_deploy: bool = False
+    max_duration_s: float | None = None
+    fine_tuned_model: str | None = Field(default=None, max_length=256)
+    trained_tokens: int | None = None
+    base_score: float | None = None
+    best_step: int | None = None
+    gate: str | None = Field(default=None, max_length=16)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    estimated_finish: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # JSON documents: the request (hyperparameters, method, metadata), the recipe's plan and
+    # decisions, and the error once failed.
+    request: bytes = Field(sa_type=sa.LargeBinary)
+    plan: bytes | None = Field(default=None, sa_type=sa.LargeBinary)
+    error: bytes | None = Field(default=None, sa_type=sa.LargeBinary)
+
+
+class JobEventRow(SQLModel, table=True):
+    __tablename__ = "scheduler_job_events"
+    __table_args__ = (
+        sa.Index("ix_scheduler_job_events_job_created", "job_id", "created_at", "id"),
+    )
+
+    # The bus event's id when the row comes from one: a redelivered event inserts nothing.
+    id: str = Field(primary_key=True, max_length=64)
+    job_id: str = Field(max_length=64)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    level: str = Field(max_length=8)
+    type: str = Field(max_length=16)
+    message: str = Field(max_length=2000)
+    data: bytes | None = Field(default=None, sa_type=sa.LargeBinary)
+
+
+class CheckpointRow(SQLModel, table=True):
+    __tablename__ = "scheduler_checkpoints"
+    __table_args__ = (sa.UniqueConstraint("job_id", "step"),)
+
+    id: str = Field(primary_key=True, max_length=64)
+    job_id: str = Field(max_length=64, index=True)
+    step: int
+    uri: str = Field(max_length=1024)
+    sha256: str | None = Field(default=None, max_length=64)
+    train_loss: float | None = None
+    task_score: float | None = None
+    pruned: bool = False
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class AttemptRow(SQLModel, table=True):
+    __tablename__ = "scheduler_attempts"
+
+    id: str = Field(primary_key=True, max_length=64)
+    job_id: str = Field(max_length=64, index=True)
+    provider: str = Field(max_length=32)
+    # The provider's handle (local: "<pid>:<start time>") and the attempt's work directory.
+    ref: str = Field(max_length=256)
+    work_dir: str = Field(max_length=1024)
+    state: str = Field(max_length=16)
+    returncode: int | None = None
+    reason: str | None = Field(default=None, max_length=1000)
+    started_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    ended_at: datetime | None = Field(default=None, sa_type=UTCDateTime)

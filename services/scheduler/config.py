@@ -1,0 +1,38 @@
+"""Settings of the scheduler service (env prefix TUNELOOP_SCHEDULER_).
+
+Hyperparameters are not here: the recipe decides them per job. These are the machine's facts
+(which device class the local provider trains on, how many threads a trainer gets) and the
+service's own secrets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.scheduler.throughput import DeviceClass
+
+
+class SchedulerSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TUNELOOP_SCHEDULER_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+    )
+
+    # Attempts' work directories (config, log, exit status); default: <data dir>/jobs.
+    work_dir: Path | None = None
+    # Each job's webhook secret is derived from this one (HMAC of the job id), so no secret is
+    # stored per job or travels on the bus. Refused as a placeholder outside development.
+    webhook_secret: SecretStr = SecretStr("tuneloop-dev-webhook")
+    # The device class the local provider trains on: the recipe's throughput row.
+    local_device: DeviceClass = "cpu"
+    # Threads a local trainer may use; the rest of the machine serves the eval engine (on 2
+    # cores: one each, KNOWLEDGE.md "Sharing the two cores").
+    trainer_threads: int = Field(default=1, ge=1)
+    # How long a cancelled trainer may take to checkpoint and exit before SIGKILL.
+    cancel_grace_s: float = Field(default=30.0, gt=0)
+    # How often running attempts are polled for an exit the trainer could not report.
+    poll_interval_s: float = Field(default=2.0, gt=0)
+    # The ingest service, for dataset builds of uploaded files (default: the local stack's).
+    ingest_url: str | None = None
