@@ -2,8 +2,8 @@
 
 What can be checked when the request arrives is checked then, so a bad request gets a 4xx
 naming the problem instead of a dataset that fails a moment later: the spec's fields, the
-base model (a catalogue id prepared here or the tenant's own S3 prefix), the files (this
-tenant's, processed), an empty selection (a COUNT), an eval size that is not
+base model (a catalogue id prepared here or the tenant's own S3 prefix), the files and eval
+files (this tenant's, processed), an empty selection (a COUNT), an eval size that is not
 smaller than the selection. The rest (metadata filters, what cleaning leaves) ends the build
 `failed` with the reason on the dataset.
 """
@@ -72,14 +72,12 @@ def check_base_model(spec: DatasetSpec, *, tenant: str, bucket: str) -> None:
 def check_selection(session: Session, *, tenant: str, spec: DatasetSpec) -> int:
     """How many samples the spec selects, as far as SQL knows; raises HTTPException when none
     or when the eval size cannot fit."""
-    try:
-        files = dataset_select.check_files(session, tenant=tenant, file_ids=spec.file_ids)
-    except dataset_select.UnknownFile as exc:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=str(exc)) from None
-    except dataset_select.FileNotReady as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from None
-    except dataset_select.SelectionError as exc:
-        raise _unprocessable(str(exc)) from None
+    files = _checked_files(session, tenant=tenant, file_ids=spec.file_ids, field="file_ids")
+    eval_files = _checked_files(
+        session, tenant=tenant, file_ids=spec.eval_file_ids, field="eval_file_ids"
+    )
+    if eval_files and not sum(f.samples for f in eval_files):
+        raise _unprocessable("eval_file_ids: the eval files hold no samples")
     selected = sum(f.samples for f in files)
     if spec.source is not None:
         selected += dataset_select.count_filtered(session, tenant=tenant, selection=spec.source)
@@ -92,6 +90,21 @@ def check_selection(session: Session, *, tenant: str, spec: DatasetSpec) -> int:
             f"split.eval_size: {size} is not smaller than the {selected} samples selected"
         )
     return selected
+
+
+def _checked_files(
+    session: Session, *, tenant: str, file_ids: list[str], field: str
+) -> list[dataset_select.FileSelection]:
+    try:
+        return dataset_select.check_files(
+            session, tenant=tenant, file_ids=file_ids, field_name=field
+        )
+    except dataset_select.UnknownFile as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=str(exc)) from None
+    except dataset_select.FileNotReady as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from None
+    except dataset_select.SelectionError as exc:
+        raise _unprocessable(str(exc)) from None
 
 
 @router.post(

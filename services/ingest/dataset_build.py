@@ -79,35 +79,49 @@ OnStep = Callable[[StepProgress], None]
 
 def select_samples(
     engine: Engine, *, tenant: str, spec: DatasetSpec, file_wait_s: float
-) -> list[Sample]:
-    """The spec's samples, oldest first; the filter's and the files' (without repeats)."""
+) -> tuple[list[Sample], list[Sample] | None]:
+    """The spec's samples, oldest first: (train candidates, eval) where eval is the eval
+    files' samples, or None when the spec has none (the split then makes eval). Candidates are
+    the filter's and the files' (without repeats, nor the eval files' samples)."""
+    evaluation: list[Sample] | None = None
+    if spec.eval_file_ids:
+        files = _files_in_store(
+            engine, tenant=tenant, field="eval_file_ids", ids=spec.eval_file_ids, wait_s=file_wait_s
+        )
+        evaluation = list(dataset_select.iter_files(engine, tenant=tenant, files=files))
+    in_eval = {sample.id for sample in evaluation or ()}
     picked: dict[str, Sample] = {}
     if spec.source is not None:
         for sample in dataset_select.iter_filtered(engine, tenant=tenant, selection=spec.source):
             picked[sample.id] = sample
     if spec.file_ids:
-        files = _files_in_store(engine, tenant=tenant, spec=spec, wait_s=file_wait_s)
+        files = _files_in_store(
+            engine, tenant=tenant, field="file_ids", ids=spec.file_ids, wait_s=file_wait_s
+        )
         for sample in dataset_select.iter_files(engine, tenant=tenant, files=files):
             picked.setdefault(sample.id, sample)
-    return list(picked.values())
+    # A filter may also match the eval files' uploads: they are eval, never train.
+    return [s for s in picked.values() if s.id not in in_eval], evaluation
 
 
 def _files_in_store(
-    engine: Engine, *, tenant: str, spec: DatasetSpec, wait_s: float
+    engine: Engine, *, tenant: str, field: str, ids: list[str], wait_s: float
 ) -> list[dataset_select.FileSelection]:
-    """The spec's files once every sample their import made is stored. An import publishes its
+    """The files once every sample their import made is stored. An import publishes its
     samples and the persister stores them a moment later; a build started in between would
     silently miss some, so it waits, then hands the build back (NotYet)."""
     with Session(engine) as session:
         try:
-            files = dataset_select.check_files(session, tenant=tenant, file_ids=spec.file_ids)
+            files = dataset_select.check_files(
+                session, tenant=tenant, file_ids=ids, field_name=field
+            )
         except dataset_select.SelectionError as exc:
             raise BuildFailed(str(exc)) from None
     expected = sum(f.samples for f in files)
     deadline = time.monotonic() + wait_s
     while (stored := dataset_select.count_files(engine, tenant=tenant, files=files)) < expected:
         if time.monotonic() >= deadline:
-            raise NotYet(f"file_ids: {stored} of the files' {expected} samples are stored so far")
+            raise NotYet(f"{field}: {stored} of the files' {expected} samples are stored so far")
         time.sleep(0.5)
     return files
 
@@ -129,10 +143,13 @@ def build(
     file_wait_s: float = 60.0,
 ) -> Built:
     """Run the whole build; raises BuildFailed with a message naming the problem."""
-    samples = select_samples(engine, tenant=tenant, spec=spec, file_wait_s=file_wait_s)
+    samples, given_eval = select_samples(engine, tenant=tenant, spec=spec, file_wait_s=file_wait_s)
     if not samples:
         raise BuildFailed("empty selection: no samples match the dataset's source and file_ids")
-    on_step(StepProgress("select", len(samples), len(samples)))
+    if given_eval is not None and not given_eval:
+        raise BuildFailed("eval_file_ids: the eval files hold no samples")
+    selected = len(samples) + len(given_eval or ())
+    on_step(StepProgress("select", selected, selected))
     try:
         # One counter for cleaning and stats: its cache of token counts serves both.
         counter = TokenCounter.of(load_tokenizer(_base_model_location(spec), store))
@@ -148,12 +165,21 @@ def build(
 
     try:
         train, evaluation, report = clean_and_split(
-            samples, spec.cleaning, spec.split, tokenizer=counter, on_step=cleaned_step
+            samples,
+            spec.cleaning,
+            spec.split,
+            eval_samples=given_eval,
+            tokenizer=counter,
+            on_step=cleaned_step,
         )
     except SplitError as exc:
         raise BuildFailed(str(exc)) from None
     kept = len(train) + len(evaluation)
-    lineage = {"file_ids": list(spec.file_ids), "selected_ids": sorted(s.id for s in samples)}
+    lineage = {
+        "file_ids": list(spec.file_ids),
+        "eval_file_ids": list(spec.eval_file_ids),
+        "selected_ids": sorted(s.id for s in [*samples, *(given_eval or ())]),
+    }
     snapshot = write_snapshot(
         store,
         tenant=tenant,

@@ -149,12 +149,15 @@ def iter_filtered(
 # --- files ------------------------------------------------------------------------------------
 
 
-def check_files(session: Session, *, tenant: str, file_ids: Sequence[str]) -> list[FileSelection]:
-    """The files a dataset is built from: each must be this tenant's and processed."""
+def check_files(
+    session: Session, *, tenant: str, file_ids: Sequence[str], field_name: str = "file_ids"
+) -> list[FileSelection]:
+    """The files a dataset is built from: each must be this tenant's and processed. Errors
+    name `<field_name>[<index>]` (file_ids or eval_file_ids)."""
     found: list[FileSelection] = []
     for index, file_id in enumerate(file_ids):
         row = session.get(UploadedFile, file_id)
-        field = f"file_ids[{index}]"
+        field = f"{field_name}[{index}]"
         if row is None or row.tenant != tenant:
             raise UnknownFile(field, f"file {file_id!r} not found")
         if row.status in ("uploaded", "processing"):

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Literal, Self
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from services.ingest.purpose import SLUG_RULE, is_purpose
 from services.ingest.purpose import TAG_PREFIX as PURPOSE_PREFIX
@@ -159,7 +167,8 @@ class DatasetSpec(_Spec):
     """A dataset build request: where samples come from, how they are cleaned and split.
 
     `source` and `file_ids` may both be given: the dataset is their union (deduplicated by
-    sample id). At least one of them must select something.
+    sample id). At least one of them must select something. `eval_file_ids` (a fine-tuning
+    job's `validation_file`) are the eval split exactly: no random split is made then.
     """
 
     name: str = Field(min_length=1, max_length=200)
@@ -169,6 +178,9 @@ class DatasetSpec(_Spec):
     base_model: str | None = Field(default=None, min_length=1)
     source: SampleFilter | None = None
     file_ids: list[str] = Field(default_factory=list)
+    # Uploaded files whose samples are the eval split (cleaned like the rest); train is then
+    # everything else selected, and split.eval_size must be unset or 0.
+    eval_file_ids: list[str] = Field(default_factory=list)
     cleaning: CleaningOptions = Field(default_factory=CleaningOptions)
     split: SplitOptions = Field(default_factory=SplitOptions)
 
@@ -182,15 +194,30 @@ class DatasetSpec(_Spec):
             "prefix: local paths are not accepted"
         )
 
-    @field_validator("file_ids")
+    @field_validator("file_ids", "eval_file_ids")
     @classmethod
-    def _file_ids(cls, value: list[str]) -> list[str]:
+    def _file_ids(cls, value: list[str], info: ValidationInfo) -> list[str]:
         for i, file_id in enumerate(value):
             if not file_id.strip():
-                raise ValueError(f"file_ids[{i}] is empty")
+                raise ValueError(f"{info.field_name}[{i}] is empty")
         if len(set(value)) != len(value):
-            raise ValueError("file_ids: the same file is listed twice")
+            raise ValueError(f"{info.field_name}: the same file is listed twice")
         return value
+
+    @model_validator(mode="after")
+    def _eval_files(self) -> Self:
+        for i, file_id in enumerate(self.eval_file_ids):
+            if file_id in self.file_ids:
+                raise ValueError(
+                    f"eval_file_ids[{i}]: {file_id!r} is also in file_ids; a file is either "
+                    "training data or the eval split, not both"
+                )
+        if self.eval_file_ids and self.split.eval_size not in (None, 0):
+            raise ValueError(
+                f"split.eval_size: must be unset or 0 when eval_file_ids are given (their "
+                f"samples are the eval split), got {self.split.eval_size}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _has_input(self) -> Self:

@@ -191,6 +191,42 @@ def test_dataset_from_an_uploaded_file_exports_what_was_imported(
     assert rebuilt["version"] == built["version"]
 
 
+def _write_lines(path: Path, lines: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_a_validation_file_is_the_eval_split_exactly(edge: Edge, tmp_path: Path) -> None:
+    validation = FINE_TUNE_LINES[-3:]
+    train_id = _upload(edge, _write_lines(tmp_path / "train.jsonl", FINE_TUNE_LINES[:-3]))
+    eval_id = _upload(edge, _write_lines(tmp_path / "validation.jsonl", validation))
+    spec = {"name": "validated", "file_ids": [train_id], "eval_file_ids": [eval_id]}
+    created = post(edge.url, edge.key, spec)
+    assert created.status_code == 202, created.text
+    built = wait_finished(edge.url, edge.key, created.json()["id"])
+    check_report(built, selected=len(FINE_TUNE_LINES))
+    assert (built["train_count"], built["eval_count"]) == (len(FINE_TUNE_LINES) - 3, 3)
+    assert built["stats"]["eval"]["count"] == 3
+
+    def lines(records: list[dict[str, Any]]) -> list[str]:
+        return sorted(json.dumps(record, sort_keys=True) for record in records)
+
+    assert lines(export(edge, built["id"], "eval")) == lines(validation)
+    assert lines(export(edge, built["id"], "train")) == lines(FINE_TUNE_LINES[:-3])
+
+    # Refused up front, naming the field: a file on both sides, an eval size besides the
+    # files, an eval file that does not exist.
+    both = post(edge.url, edge.key, spec | {"file_ids": [train_id, eval_id]})
+    assert both.status_code == 422
+    assert "eval_file_ids[0]" in both.text
+    sized = post(edge.url, edge.key, spec | {"split": {"eval_size": 2}})
+    assert sized.status_code == 422
+    assert "split.eval_size" in sized.text
+    unknown = post(edge.url, edge.key, spec | {"eval_file_ids": ["file-nope"]})
+    assert unknown.status_code == 404
+    assert "eval_file_ids[0]" in unknown.json()["detail"]
+
+
 async def _publish(settings: Settings, event: DatasetBuildRequested) -> None:
     broker = bus.make_broker(settings.nats, service="test-producer")
     await bus.connect(broker, settings.nats)

@@ -88,3 +88,26 @@ def test_strata_come_from_the_named_key() -> None:
     assert stratum_of(sample, "metadata.team") == "'a'"
     assert stratum_of(sample, "metadata.missing") == ""
     assert stratum_of(sample, None) == ""
+
+
+def test_eval_files_are_checked_like_files_and_exclude_a_random_eval_split() -> None:
+    spec = DatasetSpec.model_validate(
+        {"name": "x", "file_ids": ["file-t"], "eval_file_ids": ["file-v"]}
+    )
+    assert spec.eval_file_ids == ["file-v"]
+    zero = {"name": "x", "file_ids": ["a"], "eval_file_ids": ["b"], "split": {"eval_size": 0}}
+    assert DatasetSpec.model_validate(zero).split.eval_size == 0
+    assert "eval_file_ids[0] is empty" in _error(
+        {"name": "x", "source": {}, "eval_file_ids": [" "]}
+    )
+    assert "eval_file_ids: the same file" in _error(
+        {"name": "x", "source": {}, "eval_file_ids": ["b", "b"]}
+    )
+    both = _error({"name": "x", "file_ids": ["a", "b"], "eval_file_ids": ["b"]})
+    assert "eval_file_ids[0]: 'b' is also in file_ids" in both
+    sized = _error(
+        {"name": "x", "file_ids": ["a"], "eval_file_ids": ["b"], "split": {"eval_size": 5}}
+    )
+    assert "split.eval_size: must be unset or 0 when eval_file_ids are given" in sized
+    # Eval files alone leave nothing to train on.
+    assert "source / file_ids" in _error({"name": "x", "eval_file_ids": ["b"]})

@@ -124,3 +124,42 @@ def test_clean_and_split_counts_add_up_to_train_plus_eval() -> None:
 def test_cleaning_everything_away_is_a_split_error() -> None:
     with pytest.raises(SplitError, match="cleaning removed every sample"):
         clean_and_split([make_sample("q", None, n=1)], CleaningOptions(), SplitOptions())
+
+
+def test_given_eval_samples_are_the_eval_split_exactly() -> None:
+    train_in = _samples(30)
+    leaked = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike"
+    eval_in = [make_sample(f"held out {k}", f"reply {k}", n=100 + k) for k in range(5)]
+    eval_in.append(make_sample("held out leak", f"x {leaked}", n=110))
+    eval_in.append(make_sample("held out empty", None, n=111))  # cleaned like the rest
+    # An earlier train copy of an eval sample: dedup would keep the train one; the eval one stays.
+    train_in.append(make_sample("held out 0", "reply 0", n=-1))
+    train_in.append(make_sample("held out 1", "another reply", n=40))  # an eval prompt
+    train_in.append(make_sample("leaks", f"y {leaked} too", n=41))
+    steps: list[str] = []
+    train, eval_, report = clean_and_split(
+        train_in,
+        CleaningOptions(),
+        SplitOptions(),
+        eval_samples=eval_in,
+        on_step=lambda step: steps.append(step.step),
+    )
+    assert _ids(eval_) == sorted(_ids(eval_in[:6]))
+    assert _ids(train) == sorted(_ids(train_in[:30]))
+    assert [s.step for s in report.steps] == steps
+    assert steps[-2:] == ["eval_prompts", "decontaminate"]
+    assert report.input_count == len(train_in) + len(eval_in)
+    assert report.input_count - report.removed == len(train) + len(eval_)
+    for before, after in zip(report.steps, report.steps[1:], strict=False):
+        assert after.samples_in == before.samples_out
+    assert (report.train_count, report.eval_count) == (30, 6)
+
+
+def test_eval_samples_cleaned_away_is_a_split_error_naming_eval_file_ids() -> None:
+    with pytest.raises(SplitError, match="eval_file_ids"):
+        clean_and_split(
+            _samples(5),
+            CleaningOptions(),
+            SplitOptions(),
+            eval_samples=[make_sample("q", None, n=1)],
+        )
