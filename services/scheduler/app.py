@@ -1,18 +1,99 @@
-"""Wiring only: the scheduler service's FastAPI app and its bus subscribers."""
+"""Wiring only: the scheduler service's FastAPI app, its subscribers and its attempt poller."""
 
-from fastapi import FastAPI
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from services.scheduler import api, handlers
+from services.scheduler.config import SchedulerSettings
+from services.scheduler.jobs import JobError
+from services.scheduler.lifecycle import Scheduler
+from services.scheduler.providers import LocalProvider
+from services.scheduler.webhooks import ReportReceiver
+from shared import bus
+from shared.events import Event
 from shared.service import ServiceRuntime
 from shared.settings import Settings
+from shared.signing import SqlNonceStore
+from shared.storage import ObjectStore
 
 SERVICE = "scheduler"
+log = logging.getLogger("tuneloop.scheduler")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     runtime = ServiceRuntime(SERVICE, settings)
-    runtime.include_router(handlers.router)
-    return runtime.build_app(
-        api.router,
-        summary="Fine-tuning jobs API, dataset analysis into a recipe, the GPU priority ladder, attempts, rollover, recovery and the signed-webhook receiver.",
+    own = SchedulerSettings()
+    common = runtime.settings
+    ingest_url = own.ingest_url or (
+        f"http://{common.app.bind_host}:{common.services.port_of('ingest')}"
     )
+
+    async def publish(event: Event) -> None:
+        await bus.publish(runtime.broker, event)
+
+    scheduler = Scheduler(
+        engine=runtime.engine,
+        store=ObjectStore.from_settings(common.s3),
+        publish=publish,
+        provider=LocalProvider(),
+        settings=own,
+        data_dir=common.app.data_dir.resolve(),
+        webhook_base=runtime.address,
+        ingest_url=ingest_url,
+        http=httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0)),
+    )
+    reports = ReportReceiver(
+        scheduler,
+        nonces=SqlNonceStore(runtime.engine),
+        tolerance_s=common.auth.signature_tolerance_s,
+    )
+    runtime.include_router(handlers.build_router(scheduler))
+    poller = _Poller(scheduler, own.poll_interval_s)
+    runtime.on_lifecycle(poller.start, poller.stop)
+    app = runtime.build_app(
+        api.router,
+        summary="Fine-tuning jobs API (OpenAI's), dataset analysis into an explained recipe, "
+        "attempts on the GPU ladder's providers and the trainer's signed reports.",
+    )
+    app.include_router(api.internal)
+    app.add_exception_handler(JobError, _job_error)  # type: ignore[arg-type]
+    app.state.scheduler = scheduler
+    app.state.reports = reports
+    return app
+
+
+async def _job_error(request: Request, exc: JobError) -> JSONResponse:
+    return JSONResponse({"detail": str(exc), "param": exc.param, "code": exc.code}, exc.status)
+
+
+class _Poller:
+    """Checks running attempts every few seconds (a trainer that died without a report)."""
+
+    def __init__(self, scheduler: Scheduler, interval_s: float) -> None:
+        self.scheduler, self.interval_s = scheduler, interval_s
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.task = asyncio.create_task(self._run(), name="scheduler-attempts")
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        await self.scheduler.http.aclose()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.scheduler.check_attempts()
+            except Exception:  # the database away, say: said, and tried again next round
+                log.exception("checking running attempts failed")
+            await asyncio.sleep(self.interval_s)

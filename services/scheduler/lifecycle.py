@@ -1,0 +1,520 @@
+"""A job's life: accepted, planned, launched, reported on, scored, registered, finished.
+
+`Scheduler` is what the API routes and the event handlers call; it owns the order of things
+and nothing about HTTP or FastStream. Every bus event it publishes for a trainer report carries
+the report's id as its event id, and every row it writes for one is keyed by it: a retried
+report or a redelivered event changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from services.scheduler import datasets, jobs, planning
+from services.scheduler.config import SchedulerSettings
+from services.scheduler.jobs import JobError
+from services.scheduler.models import AttemptRow, CheckpointRow, JobRow
+from services.scheduler.protocol import TERMINAL, JobCreate
+from services.scheduler.providers import Handle, Provider
+from services.scheduler.throughput import THROUGHPUT
+from shared import catalogue
+from shared.db import session_scope, utcnow
+from shared.events import (
+    BaseScored,
+    BestCheckpointChanged,
+    DatasetBuildFailed,
+    DatasetBuilt,
+    EvalCompleted,
+    EvalDecided,
+    Event,
+    JobAssigned,
+    JobCancelled,
+    JobCreated,
+    JobFailed,
+    JobPlanned,
+    JobQueued,
+    JobSucceeded,
+    ModelRegistered,
+)
+from shared.storage import ObjectStore, parse_uri
+
+log = logging.getLogger("tuneloop.scheduler")
+Publish = Callable[[Event], Awaitable[None]]
+
+
+@dataclass
+class Scheduler:
+    engine: Engine
+    store: ObjectStore
+    publish: Publish
+    provider: Provider
+    settings: SchedulerSettings
+    data_dir: Path
+    webhook_base: str  # this service's own URL, for the trainer's reports
+    ingest_url: str
+    http: httpx.AsyncClient
+    # Plans started in the background: held, so the loop does not collect them mid-way.
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    # --- accepting a job ------------------------------------------------------------------
+
+    async def create(
+        self, request: JobCreate, *, tenant: str, authorization: dict[str, str]
+    ) -> JobRow:
+        try:
+            catalogue.check_base_model(
+                request.model, tenant=tenant, bucket=self.store.bucket, field="model"
+            )
+            catalogue.get_entry(request.model, field="model")
+        except catalogue.CatalogueError as exc:
+            raise JobError(422, str(exc), param="model") from None
+        job_id = jobs.new_job_id()
+        dataset = await datasets.resolve(
+            self.http,
+            self.ingest_url,
+            authorization=authorization,
+            job_id=job_id,
+            model=request.model,
+            training_file=request.training_file,
+            validation_file=request.validation_file,
+        )
+
+        def insert() -> JobRow:
+            with session_scope(self.engine) as session:
+                row = jobs.create(
+                    session, job_id=job_id, tenant=tenant, request=request, dataset_id=dataset.id
+                )
+                jobs.add_event(
+                    session, job_id, f"Validating training file: {request.training_file}"
+                )
+                return row
+
+        row = await asyncio.to_thread(insert)
+        if dataset.status == "built" and dataset.uri:
+            task = asyncio.create_task(self._start_logged(row.id, dataset.uri))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        elif dataset.status == "failed":
+            await self._fail(
+                row.id,
+                "invalid_training_file",
+                f"dataset {dataset.id} failed to build",
+                "training_file",
+            )
+        return row
+
+    async def on_dataset_built(self, event: DatasetBuilt) -> None:
+        for job_id in await asyncio.to_thread(self._waiting_for, event.tenant, event.dataset_id):
+            await self.start(job_id, event.uri)
+
+    async def on_dataset_failed(self, event: DatasetBuildFailed) -> None:
+        for job_id in await asyncio.to_thread(self._waiting_for, event.tenant, event.dataset_id):
+            await self._fail(job_id, "invalid_training_file", event.reason, "training_file")
+
+    def _waiting_for(self, tenant: str, dataset_id: str) -> list[str]:
+        with session_scope(self.engine) as session:
+            rows = session.exec(
+                select(JobRow).where(
+                    JobRow.tenant == tenant,
+                    JobRow.dataset_id == dataset_id,
+                    JobRow.status == "validating_files",
+                )
+            ).all()
+            return [row.id for row in rows]
+
+    # --- planning and launching ------------------------------------------------------------
+
+    async def _start_logged(self, job_id: str, uri: str) -> None:
+        try:
+            await self.start(job_id, uri)
+        except Exception:
+            log.exception("job %s: start failed", job_id)
+
+    async def start(self, job_id: str, dataset_uri: str) -> None:
+        """Plan the job from its built dataset and launch its first attempt (once)."""
+        device = THROUGHPUT[self.settings.local_device]
+        job = await asyncio.to_thread(self._claim, job_id, dataset_uri)
+        if job is None:
+            return  # planned already (a redelivered dataset.built)
+        try:
+            meta, train, n_eval = await asyncio.to_thread(
+                planning.read_snapshot, self.store, dataset_uri
+            )
+            result, document = planning.plan_job(job, meta, train, n_eval, device)
+        except Exception as exc:
+            await self._fail(
+                job_id,
+                "invalid_training_file",
+                f"the dataset cannot be trained on: {exc}",
+                "training_file",
+            )
+            return
+        eta = utcnow() + timedelta(seconds=result.estimated_s)
+        await asyncio.to_thread(self._save_plan, job_id, document, eta)
+        version = str(meta.get("version", "")) or dataset_uri.rstrip("/").rsplit("/", 1)[-1]
+        await self.publish(
+            JobCreated(
+                tenant=job.tenant,
+                job_id=job.id,
+                base_model=job.model,
+                dataset_uri=dataset_uri,
+                method="lora",
+                hyperparameters=document["hyperparameters"],
+                suffix=job.suffix,
+            )
+        )
+        await self.publish(
+            JobPlanned(
+                tenant=job.tenant,
+                job_id=job.id,
+                base_model=job.model,
+                dataset_id=job.dataset_id or "",
+                dataset_version=version,
+                dataset_uri=dataset_uri,
+                task_kind=document["task_kind"],
+                steps=document["steps"],
+                eval_every=document["eval_every"],
+                eval_items=document["eval_items"],
+                fine_tuned_model=document["fine_tuned_model"],
+                auto_deploy=job.auto_deploy,
+            )
+        )
+        await self.publish(JobQueued(tenant=job.tenant, job_id=job.id, position=0))
+        await self.launch(job_id)
+
+    def _claim(self, job_id: str, dataset_uri: str) -> JobRow | None:
+        with session_scope(self.engine) as session:
+            row = session.get(JobRow, job_id)
+            if row is None or row.status != "validating_files":
+                return None
+            row.dataset_uri = dataset_uri
+            row.status = "queued"
+            session.add(row)
+            session.commit()
+            session.refresh(row)
+            return row
+
+    def _save_plan(self, job_id: str, document: dict[str, Any], eta: Any) -> None:
+        with session_scope(self.engine) as session:
+            row = session.get(JobRow, job_id)
+            assert row is not None
+            row.plan = jobs.dumps(document)
+            row.estimated_finish = eta
+            session.add(row)
+            session.commit()
+            for decision in document["decisions"]:
+                jobs.add_event(
+                    session,
+                    job_id,
+                    f"{decision['name']} = {decision['value']}: {decision['reason']}",
+                    data={"decision": decision},
+                )
+            jobs.add_event(
+                session,
+                job_id,
+                f"Planned {document['steps']} steps, evaluations every {document['eval_every']} "
+                f"steps on {document['eval_items']} items; about {document['estimated_s']:.0f} s",
+            )
+
+    async def launch(self, job_id: str) -> None:
+        attempt_id = f"attempt-{uuid.uuid4().hex[:12]}"
+        job = await asyncio.to_thread(self._job, job_id)
+        if job.status in TERMINAL:
+            return
+        work_dir = self._work_dir() / job.id / attempt_id
+        config = planning.trainer_config(
+            job,
+            json.loads(job.plan or b"{}"),
+            attempt_id=attempt_id,
+            output_prefix=self.output_prefix(job),
+            webhook_url=f"{self.webhook_base}/internal/trainer/{job.id}/reports",
+            secret=planning.webhook_secret(self.settings.webhook_secret.get_secret_value(), job.id),
+            torch_threads=self.settings.trainer_threads,
+        )
+        work_dir.mkdir(parents=True, exist_ok=True)
+        config_path = work_dir / "job.json"
+        config_path.write_text(json.dumps(config))
+        config_path.chmod(0o600)  # it holds the job's webhook secret
+        argv = [sys.executable, "-m", "services.trainer", "run", "--config", str(config_path)]
+        handle = await asyncio.to_thread(
+            self.provider.submit,
+            argv,
+            work_dir=work_dir,
+            env=trainer_env(self.settings.trainer_threads),
+        )
+        await asyncio.to_thread(self._record_attempt, job.id, attempt_id, handle)
+        await self.publish(
+            JobAssigned(
+                tenant=job.tenant, job_id=job.id, attempt_id=attempt_id, provider=handle.provider
+            )
+        )
+
+    def _record_attempt(self, job_id: str, attempt_id: str, handle: Handle) -> None:
+        with session_scope(self.engine) as session:
+            session.add(
+                AttemptRow(
+                    id=attempt_id,
+                    job_id=job_id,
+                    provider=handle.provider,
+                    ref=handle.ref,
+                    work_dir=handle.work_dir,
+                    state="running",
+                )
+            )
+            session.commit()
+            jobs.add_event(
+                session, job_id, f"Attempt {attempt_id} started on the {handle.provider} provider"
+            )
+
+    def output_prefix(self, job: JobRow) -> str:
+        return f"s3://{self.store.bucket}/tenants/{job.tenant}/jobs/{job.id}"
+
+    def _work_dir(self) -> Path:
+        return self.settings.work_dir or (self.data_dir / "jobs")
+
+    def _job(self, job_id: str) -> JobRow:
+        with session_scope(self.engine) as session:
+            row = session.get(JobRow, job_id)
+            if row is None:
+                raise JobError(404, f"fine-tuning job {job_id!r} not found")
+            return row
+
+    # --- ending -----------------------------------------------------------------------------
+
+    async def _fail(self, job_id: str, code: str, message: str, param: str | None = None) -> None:
+        def fail() -> JobRow | None:
+            with session_scope(self.engine) as session:
+                row = session.get(JobRow, job_id)
+                if row is None or row.status in TERMINAL:
+                    return None
+                jobs.finish(row, "failed", error={"code": code, "message": message, "param": param})
+                session.add(row)
+                session.commit()
+                jobs.add_event(session, job_id, f"Job failed ({code}): {message}", level="error")
+                session.refresh(row)
+                return row
+
+        row = await asyncio.to_thread(fail)
+        if row is not None:
+            await self.publish(
+                JobFailed(tenant=row.tenant, job_id=job_id, reason=code, message=message)
+            )
+
+    async def cancel(self, *, tenant: str, job_id: str) -> JobRow:
+        def running() -> list[AttemptRow]:
+            with session_scope(self.engine) as session:
+                row = jobs.get(session, tenant=tenant, job_id=job_id)
+                if row.status in TERMINAL:
+                    raise JobError(
+                        409, f"job {job_id} is already {row.status}", param="fine_tuning_job_id"
+                    )
+                attempts = session.exec(
+                    select(AttemptRow).where(
+                        AttemptRow.job_id == job_id, AttemptRow.state == "running"
+                    )
+                ).all()
+                return list(attempts)
+
+        attempts = await asyncio.to_thread(running)
+        for attempt in attempts:
+            handle = Handle(attempt.provider, attempt.ref, attempt.work_dir)
+            status = await asyncio.to_thread(
+                self.provider.cancel, handle, grace_s=self.settings.cancel_grace_s
+            )
+            await asyncio.to_thread(
+                self._end_attempt, attempt.id, "cancelled", status.returncode, status.reason
+            )
+
+        def mark() -> JobRow:
+            with session_scope(self.engine) as session:
+                current = jobs.get(session, tenant=tenant, job_id=job_id)
+                jobs.finish(current, "cancelled")
+                session.add(current)
+                session.commit()
+                jobs.add_event(session, job_id, "Job cancelled")
+                session.refresh(current)
+                return current
+
+        done = await asyncio.to_thread(mark)
+        await self.publish(JobCancelled(tenant=tenant, job_id=job_id, requested_by="api"))
+        return done
+
+    def _end_attempt(
+        self, attempt_id: str, state: str, returncode: int | None, reason: str
+    ) -> None:
+        with session_scope(self.engine) as session:
+            attempt = session.get(AttemptRow, attempt_id)
+            if attempt is None or attempt.state != "running":
+                return
+            attempt.state, attempt.returncode, attempt.reason = state, returncode, reason[:1000]
+            attempt.ended_at = utcnow()
+            session.add(attempt)
+            session.commit()
+
+    async def check_attempts(self) -> None:
+        """Poll running attempts: a trainer that died without reporting fails its job with the
+        reason (its exit status, or `lost` when it left none: killed, the machine restarted)."""
+        attempts = await asyncio.to_thread(self._running_attempts)
+        for attempt in attempts:
+            handle = Handle(attempt.provider, attempt.ref, attempt.work_dir)
+            status = await asyncio.to_thread(self.provider.poll, handle)
+            if status.state == "running":
+                continue
+            await asyncio.to_thread(
+                self._end_attempt, attempt.id, status.state, status.returncode, status.reason
+            )
+            job = await asyncio.to_thread(self._job, attempt.job_id)
+            if job.status in TERMINAL or (status.state == "exited" and status.returncode == 0):
+                continue  # ended as reported (completed, failed, cancelled)
+            if status.state == "lost":
+                await self._fail(job.id, "lost", f"attempt {attempt.id}: {status.reason}")
+            else:
+                tail = self.provider.logs(handle, tail_bytes=600).strip().splitlines()[-3:]
+                await self._fail(
+                    job.id, "trainer_exited", f"the trainer {status.reason}: {' / '.join(tail)}"
+                )
+
+    def _running_attempts(self) -> list[AttemptRow]:
+        with session_scope(self.engine) as session:
+            return list(session.exec(select(AttemptRow).where(AttemptRow.state == "running")).all())
+
+    # --- what the evaluator and the hoster decided -------------------------------------------
+
+    async def on_eval(
+        self, event: BaseScored | EvalCompleted | BestCheckpointChanged | EvalDecided
+    ) -> None:
+        await asyncio.to_thread(self._record_eval, event)
+
+    def _record_eval(
+        self, event: BaseScored | EvalCompleted | BestCheckpointChanged | EvalDecided
+    ) -> None:
+        with session_scope(self.engine) as session:
+            job = session.get(JobRow, event.job_id)
+            if job is None or job.tenant != event.tenant:
+                return
+            message, data = _eval_message(session, job, event)
+            session.add(job)
+            session.commit()
+            jobs.add_event(
+                session, job.id, message, type="metrics", data=data, event_id=event.event_id
+            )
+
+    async def on_registered(self, event: ModelRegistered) -> None:
+        if event.job_id is None:
+            return
+        job = await asyncio.to_thread(self._succeed, event)
+        if job is None:
+            return
+        await self.publish(
+            JobSucceeded(
+                tenant=job.tenant,
+                job_id=job.id,
+                artifact_uri=event.artifact_uri,
+                metrics=dict(event.scores),
+            )
+        )
+        await asyncio.to_thread(self._prune, job.id, event.artifact_uri)
+
+    def _succeed(self, event: ModelRegistered) -> JobRow | None:
+        with session_scope(self.engine) as session:
+            job = session.get(JobRow, event.job_id)
+            if job is None or job.tenant != event.tenant or job.status in TERMINAL:
+                return None
+            job.fine_tuned_model = event.model_id
+            job.best_step = event.step if event.step is not None else job.best_step
+            job.gate = event.gate
+            jobs.finish(job, "succeeded")
+            session.add(job)
+            session.commit()
+            jobs.add_event(
+                session,
+                job.id,
+                f"Registered {event.model_id} (version {event.model_version}); the job succeeded",
+            )
+            session.refresh(job)
+            return job
+
+    def _prune(self, job_id: str, chosen_uri: str) -> None:
+        """Keep the chosen checkpoint and the last; delete the rest from object storage."""
+        with session_scope(self.engine) as session:
+            rows = list(
+                session.exec(
+                    select(CheckpointRow)
+                    .where(CheckpointRow.job_id == job_id, col(CheckpointRow.pruned).is_(False))
+                    .order_by(col(CheckpointRow.step))
+                ).all()
+            )
+            keep = {rows[-1].id} if rows else set()
+            keep |= {r.id for r in rows if chosen_uri.rstrip("/").startswith(r.uri.rstrip("/"))}
+            for row in rows:
+                if row.id in keep:
+                    continue
+                self.store.delete_dir(str(parse_uri(row.uri)))
+                row.pruned = True
+                session.add(row)
+            session.commit()
+
+
+def _eval_message(
+    session: Session,
+    job: JobRow,
+    event: BaseScored | EvalCompleted | BestCheckpointChanged | EvalDecided,
+) -> tuple[str, dict[str, Any]]:
+    if isinstance(event, BaseScored):
+        job.base_score = event.score
+        return f"Base model scored {event.score:.3f} on {event.sample_count} eval items", {
+            "base_score": event.score
+        }
+    if isinstance(event, EvalCompleted):
+        score = event.scores.get("task_score")
+        row = session.exec(
+            select(CheckpointRow).where(
+                CheckpointRow.job_id == job.id, CheckpointRow.step == event.step
+            )
+        ).first()
+        if row is not None and score is not None:
+            row.task_score = score
+            session.add(row)
+        return f"Step {event.step}: task score {score}", {"step": event.step, **event.scores}
+    if isinstance(event, BestCheckpointChanged):
+        job.best_step = event.step
+        return f"Best checkpoint is now step {event.step} ({event.metric} {event.value:.3f})", {
+            "best_step": event.step,
+            event.metric: event.value,
+        }
+    job.best_step, job.gate = event.best_step, event.gate
+    verdict = {
+        "passed": "passed the gate",
+        "rejected": "was rejected by the gate",
+        None: "was not gated (no evals)",
+    }[event.gate]
+    return (
+        f"Chose step {event.best_step} (score {event.best_score}, base {event.base_score}); it {verdict}. {event.gate_reason}".strip(),
+        {
+            "best_step": event.best_step,
+            "best_score": event.best_score,
+            "base_score": event.base_score,
+            "gate": event.gate,
+        },
+    )
+
+
+def trainer_env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    # The trainer's own thread pools follow the plan, so it leaves the eval engine its share.
+    env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
+    return env

@@ -1,0 +1,217 @@
+"""The trainer's signed reports: verified, then turned into job state and bus events.
+
+Each report is signed with the job's own secret (derived from the service's, planning.py), with
+a timestamp and a nonce: a stale or replayed report is refused (401), a malformed one named
+(400). The bus event made from a report carries the report's id as its event id and the job
+event row is keyed by it, so a report the trainer sends twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+from sqlmodel import col, select
+
+from services.scheduler import jobs, planning
+from services.scheduler.jobs import JobError
+from services.scheduler.lifecycle import Scheduler
+from services.scheduler.models import CheckpointRow, JobRow
+from services.scheduler.protocol import TERMINAL
+from shared.db import session_scope, utcnow
+from shared.events import CheckpointSaved, JobProgressed, JobStarted, TrainingCompleted
+from shared.reports import (
+    CheckpointSavedReport,
+    CompletedReport,
+    FailedReport,
+    ProgressReport,
+    ReportError,
+    StartedReport,
+    TrainerReport,
+    parse_report,
+)
+from shared.signing import NonceStore, SignatureError, verify
+
+# The report's fields JobProgressed carries as they are.
+_PROGRESS_FIELDS = {
+    "attempt_id", "step", "total_steps", "epoch", "loss", "learning_rate", "grad_norm",
+    "tokens_per_s", "eta_s",
+}  # fmt: skip
+
+
+class ReportReceiver:
+    def __init__(self, scheduler: Scheduler, *, nonces: NonceStore, tolerance_s: float) -> None:
+        self.scheduler = scheduler
+        self.nonces = nonces
+        self.tolerance_s = tolerance_s
+
+    async def receive(self, job_id: str, headers: Mapping[str, str], body: bytes) -> None:
+        job = await asyncio.to_thread(self.scheduler._job, job_id)
+        master = self.scheduler.settings.webhook_secret.get_secret_value()
+        try:
+            verify(
+                headers,
+                body,
+                planning.webhook_secret(master, job_id),
+                nonce_store=self.nonces,
+                tolerance_s=self.tolerance_s,
+            )
+        except SignatureError as exc:
+            raise JobError(401, f"report refused: {exc}", code="invalid_signature") from None
+        try:
+            report = parse_report(body)
+        except ReportError as exc:
+            raise JobError(400, str(exc), code="invalid_report") from None
+        if report.job_id != job.id or report.tenant != job.tenant:
+            raise JobError(
+                400, "job_id / tenant: the report is about another job", code="invalid_report"
+            )
+        await self.apply(job, report)
+
+    async def apply(self, job: JobRow, report: TrainerReport) -> None:
+        if isinstance(report, FailedReport):
+            await self.scheduler._fail(job.id, report.reason, report.message)
+            return
+        if job.status in TERMINAL:
+            return  # a cancelled job's trainer may still be saying goodbye
+        if isinstance(report, StartedReport):
+            await self._started(job, report)
+        elif isinstance(report, ProgressReport):
+            await self._progress(job, report)
+        elif isinstance(report, CheckpointSavedReport):
+            await self._checkpoint(job, report)
+        elif isinstance(report, CompletedReport):
+            await self._completed(job, report)
+
+    async def _started(self, job: JobRow, report: StartedReport) -> None:
+        await self.scheduler.publish(
+            JobStarted(
+                event_id=report.report_id,
+                tenant=job.tenant,
+                job_id=job.id,
+                attempt_id=report.attempt_id,
+                provider=self.scheduler.provider.name,
+            )
+        )
+
+        def record() -> None:
+            with session_scope(self.scheduler.engine) as session:
+                row = session.get(JobRow, job.id)
+                assert row is not None
+                if row.status == "queued":
+                    row.status, row.started_at = "running", utcnow()
+                    session.add(row)
+                    session.commit()
+                resumed = f", resumed from {report.resumed_from}" if report.resumed_from else ""
+                jobs.add_event(
+                    session,
+                    job.id,
+                    f"Training started on {report.device} ({report.total_steps} steps{resumed})",
+                    event_id=report.report_id,
+                )
+
+        await asyncio.to_thread(record)
+
+    async def _progress(self, job: JobRow, report: ProgressReport) -> None:
+        await self.scheduler.publish(
+            JobProgressed(
+                event_id=report.report_id,
+                tenant=job.tenant,
+                job_id=job.id,
+                **report.model_dump(include=_PROGRESS_FIELDS),
+            )
+        )
+        data = {
+            "step": report.step,
+            "train_loss": report.loss,
+            "learning_rate": report.learning_rate,
+        }
+
+        def record() -> None:
+            with session_scope(self.scheduler.engine) as session:
+                jobs.add_event(
+                    session,
+                    job.id,
+                    f"Step {report.step}/{report.total_steps}: training loss={report.loss:.4f}",
+                    type="metrics",
+                    data=data,
+                    event_id=report.report_id,
+                )
+
+        await asyncio.to_thread(record)
+
+    async def _checkpoint(self, job: JobRow, report: CheckpointSavedReport) -> None:
+        await self.scheduler.publish(
+            CheckpointSaved(
+                event_id=report.report_id,
+                tenant=job.tenant,
+                job_id=job.id,
+                attempt_id=report.attempt_id,
+                step=report.step,
+                uri=report.uri,
+                metrics=report.metrics,
+            )
+        )
+
+        def record() -> None:
+            with session_scope(self.scheduler.engine) as session:
+                jobs.record_checkpoint(
+                    session,
+                    job_id=job.id,
+                    step=report.step,
+                    uri=report.uri,
+                    train_loss=report.metrics.get("loss"),
+                )
+                jobs.add_event(
+                    session,
+                    job.id,
+                    f"Checkpoint saved at step {report.step}",
+                    event_id=report.report_id,
+                )
+
+        await asyncio.to_thread(record)
+
+    async def _completed(self, job: JobRow, report: CompletedReport) -> None:
+        last = getattr(report, "last_checkpoint_uri", None) or await asyncio.to_thread(
+            self._last_checkpoint, job.id
+        )
+        tokens = report.metrics.get("trained_tokens")
+        await self.scheduler.publish(
+            TrainingCompleted(
+                event_id=report.report_id,
+                tenant=job.tenant,
+                job_id=job.id,
+                attempt_id=report.attempt_id,
+                artifact_uri=report.artifact_uri,
+                last_step=report.steps,
+                last_checkpoint_uri=last,
+                trained_tokens=int(tokens) if tokens is not None else None,
+                metrics=report.metrics,
+            )
+        )
+
+        def record() -> None:
+            with session_scope(self.scheduler.engine) as session:
+                row = session.get(JobRow, job.id)
+                assert row is not None
+                if tokens is not None:
+                    row.trained_tokens = int(tokens)
+                    session.add(row)
+                    session.commit()
+                jobs.add_event(
+                    session,
+                    job.id,
+                    f"Training finished after {report.steps} steps; waiting for the final evaluation",
+                    event_id=report.report_id,
+                )
+
+        await asyncio.to_thread(record)
+
+    def _last_checkpoint(self, job_id: str) -> str | None:
+        with session_scope(self.scheduler.engine) as session:
+            row = session.exec(
+                select(CheckpointRow)
+                .where(CheckpointRow.job_id == job_id)
+                .order_by(col(CheckpointRow.step).desc())
+            ).first()
+            return row.uri if row is not None else None
