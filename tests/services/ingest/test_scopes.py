@@ -35,7 +35,13 @@ from tests.services.ingest.test_datasets_flow import PROMPTS, wait_finished
 ADMIN_TOKEN_ROUTES = re.compile(r"^/v1/admin/")
 # Path parameters the routes need to reach their scope check (others get "x").
 PATH_VALUES = {"model_action": "m:generateContent"}
-CHAT = recorded("oa01_tool_calls_multiturn")["request"]["body"]
+
+
+def chat() -> dict[str, Any]:
+    """A recorded OpenAI request (read when a test runs: a module-level read would stop the
+    whole suite's collection on a machine without the fixtures)."""
+    body: dict[str, Any] = recorded("oa01_tool_calls_multiturn")["request"]["body"]
+    return body
 
 
 def _issue(edge: Edge, scope: str, tenant: str = "acme") -> dict[str, Any]:
@@ -137,12 +143,12 @@ def test_gateway_calls_need_a_write_or_internal_key(
 ) -> None:
     reader = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=read_key, max_retries=0)
     with pytest.raises(openai.PermissionDeniedError, match="needs a key with scope 'write' or"):
-        reader.chat.completions.create(**CHAT)
+        reader.chat.completions.create(**chat())
     before = len(edge.upstream.received)
 
     for key in (edge.key, internal_key):
         client = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=key, max_retries=0)
-        assert client.chat.completions.create(**CHAT).choices
+        assert client.chat.completions.create(**chat()).choices
     assert len(edge.upstream.received) == before + 2
 
 
@@ -219,7 +225,7 @@ def test_an_internal_keys_purpose_tags_the_sample_and_never_goes_upstream(
         max_retries=0,
         default_headers={"x-tuneloop-purpose": "judge"},
     )
-    judge.chat.completions.create(**CHAT, extra_headers={"x-tuneloop-tags": tag})
+    judge.chat.completions.create(**chat(), extra_headers={"x-tuneloop-tags": tag})
 
     assert "x-tuneloop-purpose" not in edge.upstream.received[-1].headers
     [sample] = edge.wait_for_samples(1, tag=tag)
@@ -240,7 +246,7 @@ def test_other_keys_cannot_claim_a_purpose(
     client = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=edge.key, max_retries=0)
     before = len(edge.upstream.received)
     with pytest.raises(error, match=message):
-        client.chat.completions.create(**CHAT, extra_headers=headers)
+        client.chat.completions.create(**chat(), extra_headers=headers)
     assert len(edge.upstream.received) == before
 
 
@@ -250,7 +256,7 @@ def test_a_malformed_purpose_is_a_400_naming_the_header(
 ) -> None:
     client = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=internal_key, max_retries=0)
     with pytest.raises(openai.BadRequestError, match=r"x-tuneloop-purpose: .* must be one value"):
-        client.chat.completions.create(**CHAT, extra_headers={"x-tuneloop-purpose": value})
+        client.chat.completions.create(**chat(), extra_headers={"x-tuneloop-purpose": value})
 
 
 def test_dataset_builds_leave_purposed_samples_out_unless_asked(
@@ -262,7 +268,7 @@ def test_dataset_builds_leave_purposed_samples_out_unless_asked(
     for i, prompt in enumerate(PROMPTS[:7]):
         client, extra = (user, {}) if i < 4 else (judge, {"x-tuneloop-purpose": "judge"})
         client.chat.completions.create(
-            **{**CHAT, "messages": [{"role": "user", "content": prompt}]},
+            **{**chat(), "messages": [{"role": "user", "content": prompt}]},
             extra_headers={"x-tuneloop-tags": tag, **extra},
         )
     edge.wait_for_samples(7, tag=tag)
@@ -324,7 +330,7 @@ def test_inline_capture_carries_the_purpose_of_a_cli_issued_internal_key(
                 max_retries=0,
                 default_headers={"x-tuneloop-purpose": "shadow"},
             )
-            client.chat.completions.create(**CHAT)
+            client.chat.completions.create(**chat())
             assert "x-tuneloop-purpose" not in upstream.received[-1].headers
 
             def tagged() -> list[Any]:
