@@ -15,7 +15,7 @@ ACCEL_SOURCES := shared/accel.py shared/accel_build.py shared/redact.py services
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: help install accel model test test-fast lint format up down status events lock clean \
+.PHONY: help install accel model demo test test-fast lint format up down status events lock clean \
 	bench bench-gateway bench-ingest bench-datasets bench-train bench-venv wrk
 
 help:
@@ -62,6 +62,10 @@ lint: install
 format: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+# The whole loop on this machine through the gateway (shared/demo/run.py); ARGS=--keep leaves the stack up.
+demo: install model
+	$(BIN)/python -m shared.demo.run $(ARGS)
 
 up: install model
 	$(BIN)/tuneloop up
