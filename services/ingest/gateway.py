@@ -28,7 +28,7 @@ from services.ingest.errors import error_response, model_not_found
 from services.ingest.normalize import RESPONSES_PATH
 from services.ingest.proxy import Incoming, UpstreamUnreachable, forward, parse_tags
 from services.ingest.purpose import PurposeRefused, check_tags, purpose_tag
-from services.ingest.routing import Api, RoutingTable
+from services.ingest.routing import VERSION_TAG_PREFIX, Api, RoutingTable
 from services.ingest.upstream_pool import UpstreamPool
 from shared.auth import (
     ACCEPTED_KEY_SOURCES,
@@ -196,6 +196,8 @@ class Gateway:
             )
             await self.refuse(refusal, scope, receive, send)
             return
+        if route.tags:  # a deployment's answer: the sample says which version gave it
+            incoming.tags = [*incoming.tags, *route.tags]
         try:
             await forward(
                 client=self.client,
@@ -254,6 +256,7 @@ class Gateway:
         incoming.tags = parse_tags(headers)
         try:
             check_tags(incoming.tags)
+            _check_version_tags(incoming.tags)
             purpose = purpose_tag(headers, principal)
         except PurposeRefused as exc:
             return error_response(api, exc.status, str(exc))
@@ -336,6 +339,17 @@ def gemini_method(model_action: str) -> tuple[str, bool] | Response:
     return error_response(
         "gemini", 404, f"unknown method {model_action!r}: use <model> followed by one of {methods}"
     )
+
+
+def _check_version_tags(tags: list[str]) -> None:
+    """A caller's own tags may not pose as the version of a deployment (raises 400)."""
+    reserved = next((tag for tag in tags if tag.startswith(VERSION_TAG_PREFIX)), None)
+    if reserved is not None:
+        raise PurposeRefused(
+            400,
+            f"x-tuneloop-tags: {reserved[:40]!r} uses the reserved prefix {VERSION_TAG_PREFIX!r}; "
+            "the gateway tags the answers of a deployed model with its version",
+        )
 
 
 def _presented_key(headers: list[tuple[bytes, bytes]], query: str) -> str | None:

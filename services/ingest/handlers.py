@@ -2,7 +2,7 @@
 
 - sample.captured -> the sample store (in batches, idempotently: a redelivered event is a no-op).
 - deployment.ready / deployment.stopped -> the gateway's routing table, so a model the hoster
-  deployed is served behind the same base URL.
+  deployed is served behind the same base URL (its answers tagged with the version they came from).
 - dataset.build_requested -> a dataset build (datasets.py), one at a time, kept alive while it runs.
 """
 
@@ -105,12 +105,14 @@ def build_router(
             served_model_name=event.served_model_name,
             deployment_id=event.deployment_id,
             endpoint_url=event.endpoint_url,
+            version_id=event.version_id,
         )
         log.info(
-            "routing %s of tenant %s to deployment %s",
+            "routing %s of tenant %s to deployment %s (version %s)",
             event.served_model_name,
             event.tenant,
             event.deployment_id,
+            event.version_id,
         )
 
     @bus.watch(router, DeploymentStopped)

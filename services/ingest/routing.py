@@ -20,6 +20,9 @@ APIS: tuple[str, ...] = get_args(Api)
 
 
 _RESOLVED_MAX = 4096
+# The tag the gateway puts on a sample answered by one of our deployments: the registry version
+# that produced it (`GET /v1/samples?tag=model_version:<id>`). Reserved: a caller cannot set it.
+VERSION_TAG_PREFIX = "model_version:"
 
 
 class RoutingConfigError(ValueError):
@@ -28,12 +31,27 @@ class RoutingConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Route:
-    """Where one call goes, and the key the gateway adds for it."""
+    """Where one call goes, the key the gateway adds for it, and the tags its sample gets."""
 
     upstream: str
     api: Api
     base_url: str
     api_key: str | None
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """A tenant's deployed model: the deployment, its OpenAI base URL, the version it serves."""
+
+    deployment_id: str
+    endpoint_url: str
+    version_id: str | None = None
+
+    def route(self) -> Route:
+        tags = (VERSION_TAG_PREFIX + self.version_id,) if self.version_id else ()
+        name = f"deployment:{self.deployment_id}"
+        return Route(name, "openai", self.endpoint_url.rstrip("/"), None, tags)
 
 
 @dataclass(frozen=True)
@@ -92,10 +110,10 @@ def load_upstreams(path: Path) -> list[Upstream]:
 @dataclass
 class RoutingTable:
     upstreams: list[Upstream]
-    # (tenant, served model name) -> (deployment id, OpenAI-compatible base URL). A deployment
-    # serves only the tenant that made it: another tenant naming the same model goes on to the
-    # upstreams file, as if the deployment did not exist.
-    deployments: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    # (tenant, served model name) -> its deployment. A deployment serves only the tenant that
+    # made it: another tenant naming the same model goes on to the upstreams file, as if the
+    # deployment did not exist.
+    deployments: dict[tuple[str, str], Deployed] = field(default_factory=dict)
     # Deployment ids that stopped. Ready and stopped events arrive on separate consumers, so at
     # start-up a deployment's "stopped" may be replayed before its "ready"; ids are never reused.
     stopped: set[str] = field(default_factory=set)
@@ -107,8 +125,7 @@ class RoutingTable:
         if api == "openai" and self.deployments:
             deployed = self.deployments.get((tenant, model))
             if deployed is not None:
-                deployment_id, base_url = deployed
-                return Route(f"deployment:{deployment_id}", "openai", base_url.rstrip("/"), None)
+                return deployed.route()
         key = (api, model)
         if key in self._resolved:
             return self._resolved[key]
@@ -126,15 +143,22 @@ class RoutingTable:
         return next((u.route() for u in self.upstreams if u.api == api), None)
 
     def add_deployment(
-        self, *, tenant: str, served_model_name: str, deployment_id: str, endpoint_url: str
+        self,
+        *,
+        tenant: str,
+        served_model_name: str,
+        deployment_id: str,
+        endpoint_url: str,
+        version_id: str | None = None,
     ) -> None:
         if deployment_id not in self.stopped:
-            self.deployments[(tenant, served_model_name)] = (deployment_id, endpoint_url)
+            deployed = Deployed(deployment_id, endpoint_url, version_id)
+            self.deployments[(tenant, served_model_name)] = deployed
 
     def remove_deployment(self, *, tenant: str, served_model_name: str, deployment_id: str) -> None:
         self.stopped.add(deployment_id)
         # Only the deployment that owns the name may take it away (a newer one may have replaced it).
         key = (tenant, served_model_name)
         current = self.deployments.get(key)
-        if current is not None and current[0] == deployment_id:
+        if current is not None and current.deployment_id == deployment_id:
             del self.deployments[key]

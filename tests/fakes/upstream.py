@@ -152,6 +152,39 @@ RESPONSES_STREAM: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
+ENGINE_ANSWER = "Ticket routed to billing."
+
+
+def _engine_completion(model: str) -> dict[str, Any]:
+    message = {"role": "assistant", "content": ENGINE_ANSWER}
+    return {
+        "id": "chatcmpl-engine-1", "object": "chat.completion", "created": 1767225600,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14},
+    }  # fmt: skip
+
+
+def _engine_stream(model: str) -> bytes:
+    """OpenAI's chat SSE: `data:` lines of chunks (the last with usage), then `[DONE]`."""
+    base = {"id": "chatcmpl-engine-2", "object": "chat.completion.chunk",
+            "created": 1767225600, "model": model}  # fmt: skip
+    deltas = [{"role": "assistant", "content": ""}]
+    words = ENGINE_ANSWER.split(" ")
+    deltas += [{"content": word + " "} for word in words[:-1]] + [{"content": words[-1]}]
+    chunks = [
+        base | {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        for delta in deltas
+    ]
+    chunks.append(base | {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    chunks.append(
+        base | {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 5,
+                                         "total_tokens": 14}}
+    )  # fmt: skip
+    lines = [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks] + ["data: [DONE]\n\n"]
+    return "".join(lines).encode()
+
+
 def _sse(events: list[dict[str, Any]]) -> bytes:
     return b"".join(
         f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode() for event in events
@@ -337,10 +370,15 @@ class FakeUpstream:
         return JSONResponse(MODERATION)
 
     async def deployed(self, request: Request) -> Response:
-        """A model we deployed ourselves: OpenAI-compatible, no provider key."""
-        body = await _json(request)
-        await self._record(request, body or {})
-        return self._reply(request=request, exchange=recorded("oa01_tool_calls_multiturn"))
+        """A model we deployed ourselves (an engine: vLLM, `transformers serve`): OpenAI's chat
+        wire format, no provider key, answering as the model it was asked for (an engine serves
+        the deployment's name itself), streamed when asked."""
+        body = await _json(request) or {}
+        await self._record(request, body)
+        model = str(body.get("model", ""))
+        if body.get("stream"):
+            return Response(_engine_stream(model), media_type="text/event-stream")
+        return JSONResponse(_engine_completion(model))
 
     def app(self) -> Starlette:
         return Starlette(

@@ -9,6 +9,7 @@ import base64
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -23,14 +24,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from services.ingest.config import IngestSettings
 from services.ingest.otlp_workers import map_export
-from shared import bus, localstack
+from shared import bus, db, localstack
 from shared.chat import Sample
 from shared.events import SAMPLES, DeploymentReady, DeploymentStopped, Event, SampleCaptured
 from shared.settings import Settings
 from shared.storage import ObjectStore
 from tests.benchmarks.otlp_traces import TraceFactory, export_bodies, to_json, to_protobuf
-from tests.fakes.upstream import recorded
-from tests.plugins.infra import RunningProcess
+from tests.fakes.upstream import ENGINE_ANSWER, RunningUpstream, gateway_env, recorded
+from tests.plugins.infra import RunningProcess, settings_on_private_nats
 from tests.services.ingest.conftest import ADMIN, Edge
 
 
@@ -662,42 +663,109 @@ def test_otlp_fixtures_and_bad_bodies_get_otlp_answers(edge: Edge) -> None:
     assert Status.FromString(nobody.content).code == 16
 
 
+async def _announce(settings: Settings, event: Event) -> None:
+    """Publish `event` as the hoster would."""
+    broker = bus.make_broker(settings.nats, service="hoster-test")
+    await bus.connect(broker, settings.nats)
+    try:
+        await bus.publish(broker, event)
+    finally:
+        await broker.stop()
+
+
+def _deployed(served_model_name: str, version_id: str, endpoint: str) -> DeploymentReady:
+    return DeploymentReady(
+        tenant="acme",
+        deployment_id=f"dep-{version_id}",
+        served_model_name=served_model_name,
+        endpoint_url=endpoint,
+        version_id=version_id,
+    )
+
+
+def _wait_routed(client: openai.OpenAI, model: str) -> None:
+    def routed() -> bool:
+        try:
+            client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "hi"}]
+            )
+        except openai.NotFoundError:
+            return False
+        return True
+
+    assert localstack.wait_until(routed, 15, interval_s=0.2)
+
+
+def _acme_key(url: str) -> str:
+    tenant = {"id": "acme", "name": "Acme"}
+    assert httpx.post(f"{url}/v1/admin/tenants", json=tenant, headers=ADMIN).status_code == 201
+    created = httpx.post(f"{url}/v1/admin/tenants/acme/api_keys", json={"name": "t"}, headers=ADMIN)
+    return str(created.json()["key"])
+
+
+def _check_answers_tagged_with_the_version(
+    url: str, key: str, model: str, version_id: str, tag: str
+) -> None:
+    """The deployed model answers through the gateway (the openai SDK, plain and streamed), and
+    both answers are captured tagged `model_version:<version_id>`, which GET /v1/samples filters
+    on; a caller cannot set that tag itself."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+    messages = [{"role": "user", "content": "My invoice is wrong, who do I ask?"}]
+    headers = {"x-tuneloop-tags": tag}
+    completion = client.chat.completions.create(
+        model=model, messages=messages, extra_headers=headers
+    )
+    assert completion.model == model
+    assert completion.choices[0].message.content == ENGINE_ANSWER
+    stream = client.chat.completions.create(
+        model=model, messages=messages, stream=True, extra_headers=headers
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == ENGINE_ANSWER
+
+    version_tag = f"model_version:{version_id}"
+    found: list[dict[str, Any]] = []
+
+    def captured() -> bool:
+        nonlocal found
+        answer = httpx.get(
+            f"{url}/v1/samples",
+            params={"tag": [tag, version_tag]},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        found = answer.json()["data"]
+        return len(found) >= 2
+
+    assert localstack.wait_until(captured, 40, interval_s=0.2), found
+    assert len(found) == 2
+    for sample in found:
+        assert sample["tags"] == [tag, version_tag]
+        assert sample["response"]["model"] == model
+        assert sample["messages"][-1]["content"] == [{"type": "text", "text": ENGINE_ANSWER}]
+
+    with pytest.raises(openai.BadRequestError, match="reserved prefix 'model_version:'"):
+        client.chat.completions.create(
+            model=model, messages=messages, extra_headers={"x-tuneloop-tags": "model_version:v9"}
+        )
+
+
 def test_a_model_the_hoster_deployed_is_routed_to_its_deployment(
     edge: Edge, stack_settings: Settings
 ) -> None:
-    async def announce(event: Event) -> None:
-        broker = bus.make_broker(stack_settings.nats, service="hoster-test")
-        await bus.connect(broker, stack_settings.nats)
-        try:
-            await bus.publish(broker, event)
-        finally:
-            await broker.stop()
-
     client = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=edge.key, max_retries=0)
     messages = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="acme-support-v3", messages=messages)
 
     endpoint = f"{edge.upstream.base_url}/deployed"
-    ready = DeploymentReady(
-        tenant="acme",
-        deployment_id="dep-1",
-        served_model_name="acme-support-v3",
-        endpoint_url=endpoint,
-    )
-    asyncio.run(announce(ready))
-
-    def routed() -> bool:
-        try:
-            client.chat.completions.create(model="acme-support-v3", messages=messages)
-        except openai.NotFoundError:
-            return False
-        return True
-
-    assert localstack.wait_until(routed, 15, interval_s=0.2)
+    ready = _deployed("acme-support-v3", "mv-1", endpoint)
+    asyncio.run(_announce(stack_settings, ready))
+    _wait_routed(client, "acme-support-v3")
     seen = edge.upstream.received[-1]
     assert seen.path == "/deployed/v1/chat/completions"
     assert "authorization" not in seen.headers  # no provider key for our own deployment
+    # Captured by the journal and its shipper (the default capture mode), tagged.
+    _check_answers_tagged_with_the_version(edge.url, edge.key, "acme-support-v3", "mv-1", "dep")
+    seen = edge.upstream.received[-1]
     # The deployment is acme's: another tenant naming the model is not routed to it.
     other = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=edge.other_key, max_retries=0)
     with pytest.raises(openai.NotFoundError):
@@ -705,7 +773,42 @@ def test_a_model_the_hoster_deployed_is_routed_to_its_deployment(
     assert edge.upstream.received[-1] is seen
 
     stopped = DeploymentStopped(
-        tenant="acme", deployment_id="dep-1", served_model_name="acme-support-v3"
+        tenant="acme", deployment_id=ready.deployment_id, served_model_name="acme-support-v3"
     )
-    asyncio.run(announce(stopped))
-    assert localstack.wait_until(lambda: not routed(), 15, interval_s=0.2)
+    asyncio.run(_announce(stack_settings, stopped))
+
+    def unrouted() -> bool:
+        try:
+            client.chat.completions.create(model="acme-support-v3", messages=messages)
+        except openai.NotFoundError:
+            return True
+        return False
+
+    assert localstack.wait_until(unrouted, 15, interval_s=0.2)
+
+
+def test_inline_capture_tags_a_deployments_answers_with_its_version(
+    private_nats: RunningProcess,
+    s3_server: RunningProcess,
+    stack_settings: Settings,
+    tmp_path: Path,
+) -> None:
+    # A NATS of its own: on the session's, the edge's ingest would store these samples.
+    settings = settings_on_private_nats(tmp_path / "svc", private_nats, stack_settings)
+    db.migrate(settings.database_url)
+    with RunningUpstream() as upstream:
+        env = gateway_env(settings, upstream, tmp_path) | {"TUNELOOP_INGEST_CAPTURE": "inline"}
+        gateway = RunningProcess(
+            localstack.component(settings, "ingest"), tmp_path / "ingest.log", env=env
+        )
+        gateway.start()
+        try:
+            url = f"http://127.0.0.1:{settings.services.ingest_port}"
+            key = _acme_key(url)
+            ready = _deployed("ft:smol:acme:job1", "mv-2", f"{upstream.base_url}/deployed")
+            asyncio.run(_announce(settings, ready))
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+            _wait_routed(client, "ft:smol:acme:job1")
+            _check_answers_tagged_with_the_version(url, key, "ft:smol:acme:job1", "mv-2", "inl")
+        finally:
+            gateway.stop()

@@ -76,3 +76,20 @@ def test_a_deployment_serves_only_the_tenant_that_made_it() -> None:
     table.add_deployment(tenant="acme", served_model_name="gpt-4o", deployment_id="dep-1",
                          endpoint_url="http://gpu-box:9000/")  # fmt: skip
     assert table.resolve("openai", "gpt-4o", "acme") == theirs
+
+
+def test_a_deployments_route_tags_its_samples_with_the_version_it_serves() -> None:
+    table = RoutingTable([OPENAI_A])
+    table.add_deployment(tenant="acme", served_model_name="ft:smol:acme:j1", deployment_id="d1",
+                         endpoint_url="http://127.0.0.1:9000/v1", version_id="mv-7")  # fmt: skip
+    table.add_deployment(tenant="acme", served_model_name="old", deployment_id="d0",
+                         endpoint_url="http://127.0.0.1:9001/v1")  # fmt: skip
+    route = table.resolve("openai", "ft:smol:acme:j1", "acme")
+    assert route is not None
+    assert route.tags == ("model_version:mv-7",)
+    untagged = table.resolve("openai", "old", "acme")  # a v1-era event without a version
+    assert untagged is not None
+    assert untagged.tags == ()
+    provider = table.resolve("openai", "gpt-4o", "acme")
+    assert provider is not None
+    assert provider.tags == ()
