@@ -3,16 +3,45 @@
 from fastapi import FastAPI
 
 from services.evaluator import api, handlers
+from services.evaluator.config import EvaluatorSettings
+from services.evaluator.engine_client import HosterClient
+from services.evaluator.runner import Evaluator
+from shared import bus
+from shared.events import Event
 from shared.service import ServiceRuntime
 from shared.settings import Settings
+from shared.storage import ObjectStore
 
 SERVICE = "evaluator"
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     runtime = ServiceRuntime(SERVICE, settings)
-    runtime.include_router(handlers.router)
-    return runtime.build_app(
+    config = EvaluatorSettings()
+    hoster = HosterClient(
+        config.hoster(runtime.settings),
+        runtime.settings.auth.service_token.get_secret_value(),
+    )
+
+    async def publish(event: Event) -> None:
+        await bus.publish(runtime.broker, event)
+
+    async def nothing() -> None:
+        return None
+
+    evaluator = Evaluator(
+        db=runtime.engine,
+        store=ObjectStore.from_settings(runtime.settings.s3),
+        hoster=hoster,
+        publish=publish,
+        concurrency=config.concurrency,
+        request_timeout_s=config.request_timeout_s,
+    )
+    runtime.include_router(handlers.build_router(evaluator, keepalive_s=config.keepalive_s))
+    runtime.on_lifecycle(nothing, hoster.aclose)
+    app = runtime.build_app(
         api.router,
         summary="Mid-run task evals: generation on held-out data, the rubric judge, scores, best-checkpoint choice and the eval gate.",
     )
+    app.add_exception_handler(api.EvalError, api.eval_error_response)
+    return app

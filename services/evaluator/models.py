@@ -1,2 +1,100 @@
-"""Tables owned by the evaluator service (sqlmodel). None yet; each new table comes with an alembic
-migration in shared/migrations/versions/."""
+"""Tables owned by the evaluator service: each job's plan and progress, its fixed eval subset, the
+points scored (the base model and each checkpoint) and every item's result.
+
+JSON parts (a prompt, a reference, an output, a grader's detail) are stored as bytes: they are
+read whole and never filtered on. The base model's results sit under step BASE_STEP (-1), so one
+results table serves every point.
+"""
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+from shared.db import UTCDateTime, utcnow
+
+BASE_STEP = -1
+
+
+class EvalJobRow(SQLModel, table=True):
+    """A job's plan (from job.planned), what training reported and where the evaluation stands."""
+
+    __tablename__ = "evaluator_jobs"
+
+    job_id: str = Field(primary_key=True, max_length=64)
+    tenant: str = Field(max_length=63, index=True)
+    base_model: str = Field(max_length=128)
+    fine_tuned_model: str = Field(max_length=256)
+    dataset_id: str = Field(max_length=64)
+    dataset_version: str = Field(max_length=64)
+    dataset_uri: str = Field(max_length=1024)
+    task_kind: str = Field(max_length=16)
+    steps: int
+    eval_every: int
+    eval_items: int
+    auto_deploy: bool = False
+    # Why this job cannot be evaluated (an unreadable eval split, the hoster refusing it): the
+    # decision then takes the last checkpoint, rejected with this reason.
+    eval_error: str | None = Field(default=None, max_length=2000)
+    # Set once the engine was asked for; DELETEd after the decision (closed).
+    engine_id: str | None = Field(default=None, max_length=128)
+    base_score: float | None = None
+    base_outputs_uri: str | None = Field(default=None, max_length=1024)
+    base_published: bool = False
+    # From job.training_completed: the decision waits for it.
+    last_step: int | None = None
+    last_checkpoint_uri: str | None = Field(default=None, max_length=1024)
+    artifact_uri: str | None = Field(default=None, max_length=1024)
+    # The decision (eval.decided) as published, JSON; published once stored.
+    decision: bytes | None = Field(default=None, sa_type=sa.LargeBinary)
+    decision_published: bool = False
+    # The job ended (decided, failed or cancelled) and its engine was given back.
+    closed: bool = False
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class EvalItemRow(SQLModel, table=True):
+    """One item of a job's fixed eval subset: the prompt sent at every point and the reference."""
+
+    __tablename__ = "evaluator_items"
+
+    job_id: str = Field(primary_key=True, max_length=64)
+    position: int = Field(primary_key=True)
+    sample_id: str = Field(max_length=64)
+    prompt: bytes = Field(sa_type=sa.LargeBinary)  # {"messages": [...], "tools": [...]}
+    reference: bytes = Field(sa_type=sa.LargeBinary)  # {"text": str, "tool_calls": [[n, a]]}
+    max_tokens: int
+
+
+class EvalPointRow(SQLModel, table=True):
+    """A checkpoint the trainer saved; scored when it is at the cadence (or the last step)."""
+
+    __tablename__ = "evaluator_points"
+
+    job_id: str = Field(primary_key=True, max_length=64)
+    step: int = Field(primary_key=True)
+    checkpoint_uri: str = Field(max_length=1024)
+    score: float | None = None  # None: not scored (not due, or not yet)
+    outputs_uri: str | None = Field(default=None, max_length=1024)
+    duration_s: float | None = None
+    # The best checkpoint moved to this point when it was scored (eval.best_checkpoint_changed).
+    best_changed: bool = False
+    published: bool = False
+    received_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    scored_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class EvalResultRow(SQLModel, table=True):
+    """One item's answer at one point (step BASE_STEP: the base model) and its grade."""
+
+    __tablename__ = "evaluator_results"
+
+    job_id: str = Field(primary_key=True, max_length=64)
+    step: int = Field(primary_key=True)
+    position: int = Field(primary_key=True)
+    output: str = Field(sa_type=sa.Text)
+    tool_calls: bytes = Field(sa_type=sa.LargeBinary)  # [[name, arguments], ...]
+    score: float
+    detail: bytes = Field(sa_type=sa.LargeBinary)
+    latency_ms: float
+    error: str | None = Field(default=None, max_length=2000)

@@ -1,0 +1,36 @@
+"""Settings of the evaluator service (env prefix TUNELOOP_EVALUATOR_).
+
+What to evaluate and when is the job's plan (job.planned); these are how the service reaches the
+hoster and how hard it drives an engine.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.settings import Settings
+
+
+class EvaluatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TUNELOOP_EVALUATOR_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+    )
+
+    # The hoster's internal API; default: the local stack's (bind host, hoster port).
+    hoster_url: str | None = None
+    # Requests in flight on an engine: continuous batching answers 8 at once ~3.4x faster than
+    # one at a time on CPU (KNOWLEDGE.md), and more only queues.
+    concurrency: int = Field(default=8, ge=1, le=256)
+    # One generation; a CPU engine busy beside training answers a short item in seconds.
+    request_timeout_s: float = Field(default=300.0, gt=0)
+    # How often a long evaluation tells JetStream its event is still in hand (under its ack wait).
+    keepalive_s: float = Field(default=20.0, gt=0)
+
+    def hoster(self, settings: Settings) -> str:
+        if self.hoster_url:
+            return self.hoster_url.rstrip("/")
+        host = settings.app.bind_host
+        # A wildcard bind address listens everywhere; connect to this machine's loopback.
+        host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # noqa: S104
+        return f"http://{host}:{settings.services.hoster_port}"

@@ -1,0 +1,77 @@
+"""Which checkpoints are scored, which is best, and the final decision, as plain functions of the
+plan and the scores (the handlers store and publish what these return).
+
+A point is due when its step is a multiple of eval_every or the job's last step (the plan's
+`steps` until training reports where it ended). The best is the highest mean task score; a tie
+goes to the earlier step (less training for the same score). The decision waits for training to
+end and for every planned point: each multiple of eval_every up to the last step, and the last
+step itself when it has a checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.evaluator.gate import GateOutcome, judge
+from shared.tasks import TaskKind
+
+
+def is_due(step: int, *, eval_every: int, last_step: int) -> bool:
+    if eval_every <= 0 or step <= 0:
+        return False
+    return step % eval_every == 0 or step == last_step
+
+
+def planned_steps(*, eval_every: int, last_step: int, last_saved: bool) -> list[int]:
+    """The points the decision waits for, once training ended at `last_step` (`last_saved`:
+    a checkpoint of the last step exists)."""
+    if eval_every <= 0:
+        return []
+    steps = list(range(eval_every, last_step + 1, eval_every))
+    if last_saved and last_step > 0 and last_step not in steps:
+        steps.append(last_step)
+    return steps
+
+
+def best_of(scores: dict[int, float]) -> tuple[int, float] | None:
+    """(step, score) of the highest score, the earliest step among equals; None when empty."""
+    if not scores:
+        return None
+    step = min(scores, key=lambda s: (-scores[s], s))
+    return step, scores[step]
+
+
+@dataclass(frozen=True)
+class Decision:
+    best_step: int
+    best_checkpoint_uri: str
+    best_score: float | None
+    base_score: float | None
+    scores: dict[int, float] = field(default_factory=dict)
+    gate: GateOutcome | None = None
+    gate_reason: str = ""
+
+
+def decide(
+    *,
+    kind: TaskKind,
+    eval_every: int,
+    scores: dict[int, float],
+    uris: dict[int, str],
+    base_score: float | None,
+    last_step: int,
+    last_uri: str,
+    no_eval_reason: str | None = None,
+) -> Decision:
+    """The job's model: the best scored point, gated; with no evals planned (eval_every 0) the
+    last checkpoint, ungated; with evals planned but none scored (`no_eval_reason`, or no
+    checkpoint at the cadence) the last checkpoint, rejected."""
+    if eval_every <= 0:
+        return Decision(last_step, last_uri, None, None, gate=None, gate_reason="no evals planned")
+    best = best_of(scores)
+    if best is None or no_eval_reason is not None:
+        reason = no_eval_reason or "no checkpoint at the eval cadence was saved, so none was scored"
+        return Decision(last_step, last_uri, None, base_score, scores, "rejected", reason)
+    step, score = best
+    outcome, reason = judge(kind, best=score, base=base_score)
+    return Decision(step, uris[step], score, base_score, dict(scores), outcome, reason)

@@ -1,0 +1,361 @@
+"""A job's evaluation, moved on by each event about it: the base score, each due checkpoint in step
+order, then the decision and giving the engine back.
+
+Every event first records its fact (the plan, a saved checkpoint, where training ended), then
+calls `advance`, which does whatever is due and not done yet, one job at a time in this process.
+Results are stored before their event is published, and events carry ids made from the job and
+step, so a redelivered event or a restart mid-way re-publishes (deduplicated by the stream)
+instead of scoring twice. A fault a retry can fix propagates, and the bus redelivers the event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+
+from sqlalchemy.engine import Engine as DbEngine
+
+from services.evaluator import decision, records, scoring
+from services.evaluator.engine_client import Engine, HosterClient, HosterRefused, generate
+from services.evaluator.models import BASE_STEP, EvalJobRow, EvalPointRow
+from services.evaluator.subset import SubsetError, build_subset
+from shared.events import (
+    BaseScored,
+    BestCheckpointChanged,
+    CheckpointSaved,
+    EvalCompleted,
+    EvalDecided,
+    Event,
+    JobPlanned,
+    TrainingCompleted,
+)
+from shared.redelivery import PermanentError
+from shared.storage import ObjectStore
+from shared.tasks import TaskKind
+
+log = logging.getLogger("tuneloop.evaluator")
+Publish = Callable[[Event], Awaitable[None]]
+METRIC = "task_score"
+
+
+class PlanNotKnown(RuntimeError):
+    """An event about a job whose plan has not been stored yet (it is on its way): retry."""
+
+
+def outputs_key(tenant: str, job_id: str, step: int) -> str:
+    name = "base" if step == BASE_STEP else f"step-{step:08d}"
+    return f"tenants/{tenant}/jobs/{job_id}/evals/{name}.jsonl"
+
+
+def _same_tenant(job: EvalJobRow | None, tenant: str) -> None:
+    if job is not None and job.tenant != tenant:
+        raise PermanentError(f"tenant: job {job.job_id} is not tenant {tenant!r}'s")
+
+
+class Evaluator:
+    def __init__(
+        self,
+        *,
+        db: DbEngine,
+        store: ObjectStore,
+        hoster: HosterClient,
+        publish: Publish,
+        concurrency: int = 8,
+        request_timeout_s: float = 300.0,
+    ) -> None:
+        self.db, self.store, self.hoster, self.publish = db, store, hoster, publish
+        self.concurrency, self.request_timeout_s = concurrency, request_timeout_s
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # --- facts ------------------------------------------------------------------------------
+
+    async def planned(self, event: JobPlanned) -> None:
+        if await asyncio.to_thread(records.get_job, self.db, event.job_id) is None:
+            items, error = [], None
+            if event.eval_every > 0:
+                try:
+                    items = await asyncio.to_thread(
+                        build_subset,
+                        self.store,
+                        dataset_uri=event.dataset_uri,
+                        dataset_version=event.dataset_version,
+                        eval_items=event.eval_items,
+                    )
+                except SubsetError as exc:
+                    error = f"no eval subset: {exc}"
+                    log.warning("job %s: %s", event.job_id, error)
+            await asyncio.to_thread(records.create_job, self.db, event, items, error)
+        await self.advance(event.job_id)
+
+    async def checkpoint_saved(self, event: CheckpointSaved) -> None:
+        _same_tenant(await asyncio.to_thread(records.get_job, self.db, event.job_id), event.tenant)
+        await asyncio.to_thread(records.add_point, self.db, event.job_id, event.step, event.uri)
+        await self.advance(event.job_id)
+
+    async def training_completed(self, event: TrainingCompleted) -> None:
+        job = await asyncio.to_thread(records.get_job, self.db, event.job_id)
+        if job is None:
+            raise PlanNotKnown(f"job {event.job_id}: training completed before its plan arrived")
+        _same_tenant(job, event.tenant)
+        if event.last_checkpoint_uri is not None:
+            await asyncio.to_thread(
+                records.add_point, self.db, event.job_id, event.last_step, event.last_checkpoint_uri
+            )
+        if job.last_step is None:
+            await asyncio.to_thread(
+                records.update_job,
+                self.db,
+                event.job_id,
+                last_step=event.last_step,
+                last_checkpoint_uri=event.last_checkpoint_uri,
+                artifact_uri=event.artifact_uri,
+            )
+        await self.advance(event.job_id)
+
+    async def ended(self, tenant: str, job_id: str) -> None:
+        """The job failed or was cancelled: nothing more to score; give its engine back."""
+        async with self._lock(job_id):
+            job = await asyncio.to_thread(records.get_job, self.db, job_id)
+            _same_tenant(job, tenant)
+            if job is not None and not job.closed:
+                await self._close(job)
+
+    # --- the work ---------------------------------------------------------------------------
+
+    def _lock(self, job_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(job_id, asyncio.Lock())
+
+    async def advance(self, job_id: str) -> None:
+        async with self._lock(job_id):
+            job = await asyncio.to_thread(records.get_job, self.db, job_id)
+            if job is None or job.closed:
+                return
+            if job.eval_every > 0 and job.eval_error is None:
+                try:
+                    await self._score_due(job)
+                except HosterRefused as exc:
+                    error = f"the hoster refused the eval engine: {exc}"
+                    log.warning("job %s: %s", job_id, error)
+                    await asyncio.to_thread(records.update_job, self.db, job_id, eval_error=error)
+                job = await asyncio.to_thread(records.get_job, self.db, job_id)
+                assert job is not None
+            await self._decide_if_ready(job)
+
+    async def _score_due(self, job: EvalJobRow) -> None:
+        if job.base_score is None:
+            await self._score_base(job)
+        elif not job.base_published:
+            await self._publish_base(job)
+        while True:
+            last_step = job.last_step if job.last_step is not None else job.steps
+            pending = [
+                p
+                for p in await asyncio.to_thread(records.points, self.db, job.job_id)
+                if not p.published
+                and decision.is_due(p.step, eval_every=job.eval_every, last_step=last_step)
+            ]
+            if not pending:
+                return
+            point = pending[0]  # in step order
+            if point.score is None:
+                await self._score_point(job, point)
+            await self._publish_point(job, point.step)
+
+    async def _engine(self, job: EvalJobRow) -> Engine:
+        engine = await self.hoster.engine(
+            tenant=job.tenant, job_id=job.job_id, base_model=job.base_model
+        )
+        if job.engine_id != engine.engine_id:
+            await asyncio.to_thread(
+                records.update_job, self.db, job.job_id, engine_id=engine.engine_id
+            )
+            job.engine_id = engine.engine_id
+        return engine
+
+    async def _run(
+        self, job: EvalJobRow, base_url: str, model: str, step: int
+    ) -> tuple[list[scoring.ItemResult], float, str]:
+        """Generate and grade the subset; store the outputs as JSONL. (results, mean, uri)"""
+        items = await asyncio.to_thread(records.items, self.db, job.job_id)
+        outputs = await generate(
+            base_url,
+            model,
+            items,
+            concurrency=self.concurrency,
+            timeout_s=self.request_timeout_s,
+        )
+        kind: TaskKind = job.task_kind  # type: ignore[assignment]  # stored from a TaskKind
+        results = scoring.grade(kind, items, outputs)
+        key = outputs_key(job.tenant, job.job_id, step)
+        body = scoring.outputs_jsonl(results)
+        await asyncio.to_thread(self.store.put_bytes, key, body, content_type="application/jsonl")
+        return results, scoring.mean_score(results), self.store.uri(key)
+
+    async def _score_base(self, job: EvalJobRow) -> None:
+        engine = await self._engine(job)
+        results, score, uri = await self._run(
+            job, engine.base_url, engine.base_model_name, BASE_STEP
+        )
+        await asyncio.to_thread(
+            records.store_base, self.db, job.job_id, BASE_STEP, results, score, uri
+        )
+        job.base_score, job.base_outputs_uri = score, uri
+        log.info("job %s: base model %s scored %.3f", job.job_id, job.base_model, score)
+        await self._publish_base(job)
+
+    async def _publish_base(self, job: EvalJobRow) -> None:
+        assert job.base_score is not None
+        count = len(await asyncio.to_thread(records.items, self.db, job.job_id))
+        await self.publish(
+            BaseScored(
+                event_id=f"eval-{job.job_id}-base",
+                tenant=job.tenant,
+                job_id=job.job_id,
+                base_model=job.base_model,
+                score=job.base_score,
+                sample_count=count,
+                outputs_uri=job.base_outputs_uri,
+            )
+        )
+        await asyncio.to_thread(records.update_job, self.db, job.job_id, base_published=True)
+        job.base_published = True
+
+    async def _score_point(self, job: EvalJobRow, point: EvalPointRow) -> None:
+        engine = await self._engine(job)
+        model = await self.hoster.load_checkpoint(
+            engine.engine_id, uri=point.checkpoint_uri, step=point.step
+        )
+        started = time.monotonic()
+        results, score, uri = await self._run(job, engine.base_url, model, point.step)
+        duration = time.monotonic() - started
+        scored = await self._scores(job.job_id)
+        before = decision.best_of({s: v for s, v in scored.items() if s != point.step})
+        after = decision.best_of({**scored, point.step: score})
+        moved = after is not None and after[0] == point.step and before != after
+        await asyncio.to_thread(
+            records.store_point,
+            self.db,
+            job.job_id,
+            point.step,
+            results,
+            score=score,
+            uri=uri,
+            duration_s=duration,
+            best_changed=moved,
+        )
+        log.info("job %s: step %d scored %.3f in %.1fs", job.job_id, point.step, score, duration)
+
+    async def _scores(self, job_id: str) -> dict[int, float]:
+        rows = await asyncio.to_thread(records.points, self.db, job_id)
+        return {p.step: p.score for p in rows if p.score is not None}
+
+    async def _publish_point(self, job: EvalJobRow, step: int) -> None:
+        rows = {p.step: p for p in await asyncio.to_thread(records.points, self.db, job.job_id)}
+        point = rows[step]
+        assert point.score is not None
+        count = len(await asyncio.to_thread(records.items, self.db, job.job_id))
+        await self.publish(
+            EvalCompleted(
+                event_id=f"eval-{job.job_id}-step-{step}",
+                tenant=job.tenant,
+                job_id=job.job_id,
+                checkpoint_uri=point.checkpoint_uri,
+                step=step,
+                scores={METRIC: point.score},
+                sample_count=count,
+                outputs_uri=point.outputs_uri,
+            )
+        )
+        if point.best_changed:
+            others = {s: p.score for s, p in rows.items() if p.score is not None and s != step}
+            previous = decision.best_of(others)
+            await self.publish(
+                BestCheckpointChanged(
+                    event_id=f"eval-{job.job_id}-best-{step}",
+                    tenant=job.tenant,
+                    job_id=job.job_id,
+                    checkpoint_uri=point.checkpoint_uri,
+                    step=step,
+                    metric=METRIC,
+                    value=point.score,
+                    previous_uri=rows[previous[0]].checkpoint_uri if previous else None,
+                )
+            )
+        await asyncio.to_thread(records.mark_published, self.db, job.job_id, step)
+
+    # --- the decision -----------------------------------------------------------------------
+
+    async def _decide_if_ready(self, job: EvalJobRow) -> None:
+        if job.last_step is None:
+            return  # training has not ended
+        if job.decision is None:
+            made = await self._decision(job)
+            if made is None:
+                return  # a planned point is not scored yet
+            document = json.dumps(asdict(made)).encode()
+            await asyncio.to_thread(records.update_job, self.db, job.job_id, decision=document)
+            job.decision = document
+        if not job.decision_published:
+            await self._publish_decision(job)
+        await self._close(job)
+
+    async def _decision(self, job: EvalJobRow) -> decision.Decision | None:
+        assert job.last_step is not None
+        rows = {p.step: p for p in await asyncio.to_thread(records.points, self.db, job.job_id)}
+        last_uri = job.last_checkpoint_uri or (
+            rows[job.last_step].checkpoint_uri if job.last_step in rows else job.artifact_uri or ""
+        )
+        evaluated = job.eval_every > 0 and job.eval_error is None
+        planned = decision.planned_steps(
+            eval_every=job.eval_every, last_step=job.last_step, last_saved=job.last_step in rows
+        )
+        if evaluated and any(s not in rows or not rows[s].published for s in planned):
+            return None
+        scores = {s: p.score for s, p in rows.items() if s in planned and p.score is not None}
+        kind: TaskKind = job.task_kind  # type: ignore[assignment]
+        return decision.decide(
+            kind=kind,
+            eval_every=job.eval_every,
+            scores=scores if evaluated else {},
+            uris={s: p.checkpoint_uri for s, p in rows.items()},
+            base_score=job.base_score,
+            last_step=job.last_step,
+            last_uri=last_uri,
+            no_eval_reason=job.eval_error,
+        )
+
+    async def _publish_decision(self, job: EvalJobRow) -> None:
+        assert job.decision is not None
+        made = json.loads(job.decision)
+        await self.publish(
+            EvalDecided(
+                event_id=f"eval-{job.job_id}-decided",
+                tenant=job.tenant,
+                job_id=job.job_id,
+                base_model=job.base_model,
+                fine_tuned_model=job.fine_tuned_model,
+                dataset_id=job.dataset_id,
+                dataset_version=job.dataset_version,
+                best_step=made["best_step"],
+                best_checkpoint_uri=made["best_checkpoint_uri"],
+                best_score=made["best_score"],
+                base_score=made["base_score"],
+                scores={int(s): v for s, v in made["scores"].items()},
+                gate=made["gate"],
+                gate_reason=made["gate_reason"],
+                auto_deploy=job.auto_deploy,
+            )
+        )
+        await asyncio.to_thread(records.update_job, self.db, job.job_id, decision_published=True)
+        job.decision_published = True
+        log.info("job %s: decided step %s, gate %s", job.job_id, made["best_step"], made["gate"])
+
+    async def _close(self, job: EvalJobRow) -> None:
+        if job.engine_id is not None:
+            await self.hoster.delete(job.engine_id)
+        await asyncio.to_thread(records.update_job, self.db, job.job_id, closed=True)
+        job.closed = True
