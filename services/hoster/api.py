@@ -1,5 +1,207 @@
-"""HTTP routes of the hoster service. Its resources arrive with the hosting issue."""
+"""HTTP routes of the hoster service: the model registry (`/v1/models`), deployments
+(`/v1/deployments`), and the internal eval-engine API the evaluator calls (`/internal/engines`,
+service token only, never routed by the gateway)."""
 
-from fastapi import APIRouter
+from __future__ import annotations
 
-router = APIRouter(prefix="/v1")
+import asyncio
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from sqlmodel import Session
+
+from services.hoster import registry
+from services.hoster.errors import HosterError
+from services.hoster.models import Deployment
+from services.hoster.state import Hoster
+from shared import auth
+from shared.db import get_session
+from shared.tenancy import TenantId
+
+_ERROR_TYPES = {404: "invalid_request_error", 409: "conflict", 422: "invalid_request_error"}
+
+
+async def hoster_error(request: Request, exc: Exception) -> JSONResponse:
+    """Every domain error, mapped once: its status, its message as `detail` and as OpenAI's
+    `error.message` (so the SDK shows it), its numbers beside it."""
+    assert isinstance(exc, HosterError)
+    error = {"message": exc.message, "type": _ERROR_TYPES.get(exc.status, "api_error")}
+    return JSONResponse({"detail": exc.message, "error": error | exc.details}, exc.status)
+
+
+def get_hoster(request: Request) -> Hoster:
+    hoster: Hoster = request.app.state.hoster
+    return hoster
+
+
+HosterDep = Annotated[Hoster, Depends(get_hoster)]
+SessionDep = Annotated[Session, Depends(get_session)]
+TenantDep = Annotated[auth.Principal, Depends(auth.require_access)]
+
+
+# --- schemas ------------------------------------------------------------------------------------
+
+
+class ModelObject(BaseModel):
+    """OpenAI's model object, plus `parent` (the base a version was tuned from) and lineage."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    parent: str | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelObject]
+
+
+class DeploymentCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1, max_length=256, description="an ft: name or a version id")
+
+
+class DeploymentObject(BaseModel):
+    id: str
+    object: Literal["deployment"] = "deployment"
+    model: str = Field(description="the ft: name the engine answers to")
+    version_id: str
+    status: Literal["pending", "ready", "failed", "stopped"]
+    endpoint_url: str | None
+    error: str | None
+    created_at: int
+    updated_at: int
+
+    @classmethod
+    def of(cls, row: Deployment) -> DeploymentObject:
+        return cls(
+            id=row.id,
+            model=row.served_model_name,
+            version_id=row.version_id,
+            status=row.status,
+            endpoint_url=row.endpoint_url,
+            error=row.error,
+            created_at=int(row.created_at.timestamp()),
+            updated_at=int(row.updated_at.timestamp()),
+        )
+
+
+class DeploymentList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[DeploymentObject]
+
+
+class EngineCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tenant: TenantId
+    job_id: str = Field(min_length=1, max_length=128)
+    base_model: str = Field(min_length=1, max_length=128, description="a catalogue id")
+
+
+class EngineInfo(BaseModel):
+    engine_id: str
+    base_url: str
+    base_model_name: str
+
+
+class CheckpointLoad(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    uri: str = Field(min_length=1, max_length=1024)
+    step: int = Field(ge=0)
+
+
+class CheckpointModel(BaseModel):
+    model: str
+
+
+# --- tenant routes ------------------------------------------------------------------------------
+
+v1 = APIRouter(prefix="/v1", dependencies=[Depends(auth.require_access)])
+
+
+@v1.get("/models", response_model=ModelList, tags=["models"], summary="Base and fine-tuned models")
+def list_models(principal: TenantDep, session: SessionDep) -> dict[str, Any]:
+    return {"object": "list", "data": registry.list_models(session, principal.tenant_id)}
+
+
+@v1.get("/models/{model_id}", response_model=ModelObject, tags=["models"], summary="One model")
+def get_model(model_id: str, principal: TenantDep, session: SessionDep) -> dict[str, Any]:
+    return registry.get_model(session, principal.tenant_id, model_id)
+
+
+@v1.post("/deployments", response_model=DeploymentObject, tags=["deployments"],
+         summary="Deploy a fine-tuned version (pending until its engine has answered once)")  # fmt: skip
+async def create_deployment(
+    body: DeploymentCreate, principal: TenantDep, hoster: HosterDep
+) -> DeploymentObject:
+    row, new = await asyncio.to_thread(hoster.deployments.request, principal.tenant_id, body.model)
+    if new:
+        hoster.launch(row.id)
+    return DeploymentObject.of(row)
+
+
+@v1.get("/deployments", response_model=DeploymentList, tags=["deployments"])
+async def list_deployments(principal: TenantDep, hoster: HosterDep) -> DeploymentList:
+    rows = await asyncio.to_thread(hoster.deployments.list_for, principal.tenant_id)
+    return DeploymentList(data=[DeploymentObject.of(row) for row in rows])
+
+
+@v1.get("/deployments/{deployment_id}", response_model=DeploymentObject, tags=["deployments"])
+async def get_deployment(
+    deployment_id: str, principal: TenantDep, hoster: HosterDep
+) -> DeploymentObject:
+    row = await asyncio.to_thread(hoster.deployments.get, principal.tenant_id, deployment_id)
+    return DeploymentObject.of(row)
+
+
+@v1.delete("/deployments/{deployment_id}", response_model=DeploymentObject, tags=["deployments"],
+           summary="Stop a deployment's engine")  # fmt: skip
+async def delete_deployment(
+    deployment_id: str, principal: TenantDep, hoster: HosterDep
+) -> DeploymentObject:
+    return DeploymentObject.of(await hoster.undeploy(principal.tenant_id, deployment_id))
+
+
+# --- internal: eval engines ---------------------------------------------------------------------
+
+internal = APIRouter(
+    prefix="/internal", tags=["internal"], dependencies=[Depends(auth.require_service)]
+)
+
+
+@internal.post("/engines", response_model=EngineInfo,
+               summary="The job's warm eval engine for a base model (started once, idempotent)")  # fmt: skip
+async def open_engine(body: EngineCreate, hoster: HosterDep) -> EngineInfo:
+    entry = await asyncio.to_thread(
+        hoster.eval_engines.open, body.tenant, body.job_id, body.base_model
+    )
+    return EngineInfo(
+        engine_id=entry.engine_id, base_url=entry.engine.base_url, base_model_name=body.base_model
+    )
+
+
+@internal.post("/engines/{engine_id}/checkpoints", response_model=CheckpointModel,
+               summary="Pull, verify and load a checkpoint; the model string that names it")  # fmt: skip
+async def load_checkpoint(
+    engine_id: str, body: CheckpointLoad, hoster: HosterDep
+) -> CheckpointModel:
+    name = await asyncio.to_thread(
+        hoster.eval_engines.add_checkpoint, engine_id, body.uri, body.step
+    )
+    return CheckpointModel(model=name)
+
+
+@internal.delete("/engines/{engine_id}", status_code=204, response_class=Response,
+                 summary="Stop an eval engine")  # fmt: skip
+async def close_engine(engine_id: str, hoster: HosterDep) -> Response:
+    await asyncio.to_thread(hoster.eval_engines.close, engine_id)
+    return Response(status_code=204)
+
+
+router = APIRouter()
+router.include_router(v1)
+router.include_router(internal)

@@ -1,2 +1,60 @@
-"""Tables owned by the hoster service (sqlmodel). None yet; each new table comes with an alembic
-migration in shared/migrations/versions/."""
+"""Tables owned by the hoster service (sqlmodel): model versions with their lineage, and
+deployments. Migration: shared/migrations/versions/*_hoster_model_versions_and_deployments.py."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+from shared.db import UTCDateTime, utcnow
+
+
+class ModelVersion(SQLModel, table=True):
+    """A fine-tuned checkpoint registered as a servable version of its `ft:` name."""
+
+    __tablename__ = "hoster_model_versions"
+    # One version per job: a redelivered decision registers nothing twice.
+    __table_args__ = (
+        UniqueConstraint("tenant", "job_id", name="uq_hoster_model_versions_job"),
+        UniqueConstraint("tenant", "name", "version", name="uq_hoster_model_versions_name"),
+    )
+
+    id: str = Field(primary_key=True, max_length=64)
+    tenant: str = Field(index=True, max_length=64)
+    name: str = Field(index=True, max_length=256, description="the ft: name it is served under")
+    version: int = Field(ge=1)
+    base_model: str = Field(max_length=128)
+    job_id: str = Field(max_length=128)
+    dataset_id: str = Field(max_length=128)
+    dataset_version: str = Field(max_length=128)
+    step: int = Field(ge=0)
+    checkpoint_uri: str = Field(max_length=1024)
+    sha256: str = Field(max_length=64)
+    best_score: float | None = None
+    base_score: float | None = None
+    scores: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    gate: str | None = Field(default=None, max_length=16)
+    gate_reason: str = Field(default="", max_length=1024)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Deployment(SQLModel, table=True):
+    """A version served by an engine: the desired state (pending/ready) survives restarts."""
+
+    __tablename__ = "hoster_deployments"
+
+    id: str = Field(primary_key=True, max_length=64)
+    tenant: str = Field(index=True, max_length=64)
+    version_id: str = Field(index=True, max_length=64)
+    served_model_name: str = Field(max_length=256)
+    status: str = Field(max_length=16)  # pending | ready | failed | stopped
+    endpoint_url: str | None = Field(default=None, max_length=512)
+    port: int | None = None
+    pid: int | None = None
+    error: str | None = Field(default=None, max_length=4096)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

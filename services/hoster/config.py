@@ -1,0 +1,48 @@
+"""The hoster's own settings (env prefix TUNELOOP_HOSTER_): how it runs inference engines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class HosterSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TUNELOOP_HOSTER_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+    )
+
+    # Torch threads per engine (OMP_NUM_THREADS): on 2 cores the eval engine and the trainer
+    # each get one by plan instead of fighting over both.
+    engine_threads: int = Field(default=1, ge=1)
+    # The engine's KV cache in 256-token blocks and its largest batch: left to itself on CPU,
+    # continuous batching sizes its cache from the machine's RAM (~13 GB of 23 seen here).
+    # 64 blocks hold 16k tokens (~0.75 GB for SmolLM2-135M in fp32): 8 requests of 2k tokens.
+    engine_cache_blocks: int = Field(default=64, ge=1)
+    engine_max_batch_tokens: int = Field(default=2048, ge=64)
+    # Engines listen on loopback; a multi-machine set-up binds them where the gateway and the
+    # evaluator can reach them (0.0.0.0 or the host's address) and names that in engine_host.
+    engine_bind_host: str = "127.0.0.1"
+    # The host put in an engine's base URL; empty: the bind address (or 127.0.0.1 for 0.0.0.0).
+    engine_host: str = ""
+    # Until the engine's HTTP server answers (imports + server start; the model loads later).
+    engine_start_timeout_s: float = Field(default=180.0, gt=0)
+    # The first request to a model loads it and sets up continuous batching (~40-50 s on 2
+    # busy cores for SmolLM2-135M); warm-ups and checkpoint loads wait this long.
+    engine_load_timeout_s: float = Field(default=600.0, gt=0)
+    # An eval engine unloads a checkpoint idle this long (`transformers serve --model-timeout`),
+    # so a job's earlier checkpoints do not pile up in memory.
+    eval_model_idle_s: int = Field(default=60, ge=1)
+    # Engines' working directories, merged weights and logs; empty: <data dir>/hoster.
+    work_dir: Path | None = None
+
+    def root(self, data_dir: Path) -> Path:
+        return (self.work_dir or data_dir / "hoster").resolve()
+
+    @property
+    def advertised_host(self) -> str:
+        if self.engine_host:
+            return self.engine_host
+        everywhere = self.engine_bind_host in ("0.0.0.0", "::")  # noqa: S104
+        return "127.0.0.1" if everywhere else self.engine_bind_host

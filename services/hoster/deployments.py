@@ -1,0 +1,203 @@
+"""Deployments: a registered version served by an engine of its own that answers to the version's
+`ft:` name (the name is the engine's pinned model directory), warmed up before it is ready.
+
+The table holds the desired state. At start-up a pending or ready deployment whose engine is gone
+is started again (its merged weights are kept on disk per version, so that is a restart, not a
+re-merge); a live one is adopted.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlalchemy.engine import Engine as Database
+from sqlmodel import Session, col, select
+
+from services.hoster import artifacts, registry
+from services.hoster.config import HosterSettings
+from services.hoster.engines import Engine, EngineSpec
+from services.hoster.errors import Conflict, HosterError, NotFound
+from services.hoster.models import Deployment, ModelVersion
+from shared.db import session_scope, utcnow
+from shared.storage import ObjectStore
+
+log = logging.getLogger("tuneloop.hoster.deployments")
+ACTIVE = ("pending", "ready")
+EngineFactory = Callable[[EngineSpec, int | None], Engine]  # spec, pid of an engine to adopt
+
+
+class Deployments:
+    def __init__(
+        self,
+        *,
+        settings: HosterSettings,
+        data_dir: Path,
+        store: ObjectStore,
+        database: Database,
+        factory: EngineFactory,
+    ) -> None:
+        self.settings, self.data_dir, self.store = settings, data_dir, store
+        self.database, self.factory = database, factory
+        self.root = settings.root(data_dir)
+        self._engines: dict[str, Engine] = {}
+
+    # -- requests (quick, database only) ------------------------------------------------------
+    def request(self, tenant: str, model: str) -> tuple[Deployment, bool]:
+        """A deployment of the version `model` names, and whether it is new (an active one of the
+        same version is reused). Conflict with the numbers for a version the gate rejected."""
+        with session_scope(self.database) as session:
+            version = registry.resolve(session, tenant, model)
+            if version.gate == "rejected":
+                raise Conflict(
+                    f"model: {version.name} (version {version.id}) was rejected by the eval gate: "
+                    f"{version.gate_reason or 'no reason recorded'}",
+                    version_id=version.id,
+                    task_score=version.best_score,
+                    base_score=version.base_score,
+                    gate=version.gate,
+                    gate_reason=version.gate_reason,
+                )
+            active = session.exec(
+                select(Deployment).where(
+                    Deployment.tenant == tenant,
+                    Deployment.version_id == version.id,
+                    col(Deployment.status).in_(ACTIVE),
+                )
+            ).first()
+            if active is not None:
+                return active, False
+            deployment = Deployment(
+                id=f"dep-{uuid.uuid4().hex[:20]}",
+                tenant=tenant,
+                version_id=version.id,
+                served_model_name=version.name,
+                status="pending",
+            )
+            session.add(deployment)
+            session.commit()
+            session.refresh(deployment)
+            return deployment, True
+
+    def get(self, tenant: str, deployment_id: str) -> Deployment:
+        with session_scope(self.database) as session:
+            found = session.get(Deployment, deployment_id)
+            if found is None or found.tenant != tenant:
+                raise NotFound(f"deployment {deployment_id!r} not found")
+            return found
+
+    def list_for(self, tenant: str) -> list[Deployment]:
+        with session_scope(self.database) as session:
+            query = select(Deployment).where(Deployment.tenant == tenant)
+            return list(session.exec(query.order_by(col(Deployment.created_at))).all())
+
+    # -- work (blocking: run in a thread) -----------------------------------------------------
+    def launch(self, deployment_id: str) -> Deployment:
+        """Pull + verify, merge, start the engine, warm it up; the deployment ready or failed."""
+        with session_scope(self.database) as session:
+            deployment = session.get(Deployment, deployment_id)
+            version = session.get(ModelVersion, deployment.version_id) if deployment else None
+        if deployment is None or version is None:
+            raise NotFound(f"deployment {deployment_id!r} not found")
+        try:
+            engine = self._start(deployment, version)
+        except HosterError as exc:
+            log.warning("deployment %s failed: %s", deployment_id, exc.message)
+            return self._update(deployment_id, status="failed", error=exc.message)
+        if self.get(deployment.tenant, deployment_id).status == "stopped":  # deleted meanwhile
+            engine.stop()
+            return self.get(deployment.tenant, deployment_id)
+        return self._update(
+            deployment_id,
+            status="ready",
+            endpoint_url=engine.base_url,
+            pid=engine.pid,
+            port=engine.port,
+            error=None,
+        )
+
+    def _start(self, deployment: Deployment, version: ModelVersion) -> Engine:
+        merged = self.merged_dir(version)
+        if not (merged / "config.json").is_file():
+            pulled = artifacts.pull(
+                self.store,
+                version.checkpoint_uri,
+                self.root / "versions" / version.id / "checkpoint",
+                expect_sha256=version.sha256,
+            )
+            artifacts.servable(
+                pulled, merged, data_dir=self.data_dir, threads=self.settings.engine_threads
+            )
+        spec = EngineSpec(
+            engine_id=deployment.id,
+            work_dir=self.root / "deployments" / deployment.id,
+            pinned=version.name,
+        )
+        engine = self.factory(spec, None)
+        link = engine.models_dir / version.name
+        if not link.exists():
+            engine.models_dir.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(merged.resolve(), target_is_directory=True)
+        self._engines[deployment.id] = engine
+        engine.start()
+        engine.warm_up(version.name)
+        return engine
+
+    def merged_dir(self, version: ModelVersion) -> Path:
+        return self.root / "versions" / version.id / "merged"
+
+    def stop(self, tenant: str, deployment_id: str) -> Deployment:
+        self.get(tenant, deployment_id)  # 404 for another tenant's
+        engine = self._engines.pop(deployment_id, None)
+        if engine is not None:
+            engine.stop()
+        return self._update(deployment_id, status="stopped", pid=None)
+
+    def recover(self) -> list[str]:
+        """At start-up: adopt the active deployments whose engine still serves; the ids of those
+        to launch again (their engine is gone)."""
+        relaunch = []
+        with session_scope(self.database) as session:
+            active = session.exec(select(Deployment).where(col(Deployment.status).in_(ACTIVE)))
+            rows = list(active.all())
+        for deployment in rows:
+            spec = EngineSpec(
+                engine_id=deployment.id,
+                work_dir=self.root / "deployments" / deployment.id,
+                pinned=deployment.served_model_name,
+                port=deployment.port,
+            )
+            engine = self.factory(spec, deployment.pid)
+            if deployment.status == "ready" and engine.alive() and engine.healthy():
+                self._engines[deployment.id] = engine
+                continue
+            engine.stop()  # a pending one's engine may be up but never warmed up
+            self._update(deployment.id, status="pending", pid=None)
+            relaunch.append(deployment.id)
+        return relaunch
+
+    def stop_all(self) -> None:
+        """At shutdown: engines keep serving (deployments outlive the hoster); forget them."""
+        self._engines.clear()
+
+    def _update(self, deployment_id: str, **values: object) -> Deployment:
+        with session_scope(self.database) as session:
+            deployment = session.get(Deployment, deployment_id)
+            if deployment is None:
+                raise NotFound(f"deployment {deployment_id!r} not found")
+            for name, value in values.items():
+                setattr(deployment, name, value)
+            deployment.updated_at = utcnow()
+            session.add(deployment)
+            session.commit()
+            session.refresh(deployment)
+            return deployment
+
+    def version_of(self, deployment: Deployment) -> ModelVersion:
+        with Session(self.database) as session:
+            version = session.get(ModelVersion, deployment.version_id)
+        if version is None:
+            raise NotFound(f"version {deployment.version_id!r} not found")
+        return version
