@@ -82,11 +82,26 @@ def error_response(
     )
 
 
-def model_not_found(api: Api, model: str) -> JSONResponse:
+def model_not_found(api: Api, model: str, *, path: str = "") -> JSONResponse:
+    """The provider's 404 for an unknown model. `path`: the Gemini path called, whose API
+    version (`v1`, `v1beta`) and method the message names, as Gemini's own does."""
     if api == "gemini":
-        message = f"models/{model} is not found for API version v1beta, or is not supported for generateContent."
+        version, method = _gemini_version_and_method(path)
+        message = (
+            f"models/{model} is not found for API version {version}, or is not supported for "
+            f"{method}."
+        )
     elif api == "anthropic":
         message = f"model: {model}"
     else:
         message = f"The model `{model}` does not exist or you do not have access to it."
     return error_response(api, 404, message, code="model_not_found")
+
+
+def _gemini_version_and_method(path: str) -> tuple[str, str]:
+    """`/v1/models/m:streamGenerateContent` -> ("v1", "streamGenerateContent"); the API's
+    defaults (v1beta, generateContent) for what does not say."""
+    first = path.lstrip("/").partition("/")[0]
+    version = first if first.startswith("v") and first[1:2].isdigit() else "v1beta"
+    method = path.rpartition(":")[2] if ":" in path else ""
+    return version, method if method.isalpha() else "generateContent"

@@ -190,7 +190,7 @@ class Gateway:
         route = routes.resolve(api, model, tenant) if model is not None else routes.first(api)
         if route is None:
             refusal = (
-                model_not_found(api, model)
+                model_not_found(api, model, path=incoming.raw_path)
                 if model is not None
                 else error_response(api, 404, f"no {api} upstream is configured")
             )

@@ -118,6 +118,14 @@ def test_the_sdks_errors_come_in_geminis_shape(edge: Edge) -> None:
     with pytest.raises(errors.ClientError) as unknown:
         client.models.generate_content(model="nobody-knows", contents="x")
     assert unknown.value.code == 404
+    # Gemini's message names the API version and method the caller used.
+    assert "API version v1, or is not supported for generateContent" in str(unknown.value.message)
+    beta = _client(edge, "genai-refused", api_version="v1beta")
+    with pytest.raises(errors.ClientError) as unknown_beta:
+        next(iter(beta.models.generate_content_stream(model="nobody-knows", contents="x")))
+    message = str(unknown_beta.value.message)
+    assert "models/nobody-knows is not found for API version v1beta," in message
+    assert message.endswith("not supported for streamGenerateContent.")
     bad_key = genai.Client(api_key="tl-wrong", http_options=types.HttpOptions(base_url=edge.url))
     with pytest.raises(errors.ClientError) as refused:
         bad_key.models.generate_content(model="gemini-2.0-flash", contents="x")
