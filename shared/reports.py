@@ -84,13 +84,18 @@ class CheckpointSavedReport(_Report):
 
 
 class CompletedReport(_Report):
-    """Training finished and the final artifact is stored; fields of `JobSucceeded` plus more."""
+    """Training finished and the final artifact is stored; fields of `JobSucceeded` plus more
+    (`TrainingCompleted` too, with its `last_step` as `steps`)."""
 
     kind: Literal["completed"] = "completed"
     artifact_uri: str = Field(min_length=1)
     merged_uri: str | None = None
     metrics: Metrics = Field(default_factory=dict)
     steps: int = Field(ge=0)
+    # The checkpoint of the last step (the trainer always saves it): what the evaluator scores
+    # last and what a job without evals registers. None only from older trainers.
+    last_checkpoint_uri: str | None = None
+    trained_tokens: int | None = Field(default=None, ge=0, description="non-pad tokens, all steps")
 
 
 class FailedReport(_Report):

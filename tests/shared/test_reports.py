@@ -9,7 +9,14 @@ from datetime import datetime
 import pytest
 from pydantic import BaseModel
 
-from shared.events import CheckpointSaved, Event, JobFailed, JobProgressed, JobSucceeded
+from shared.events import (
+    CheckpointSaved,
+    Event,
+    JobFailed,
+    JobProgressed,
+    JobSucceeded,
+    TrainingCompleted,
+)
 from shared.reports import (
     CheckpointSavedReport,
     CompletedReport,
@@ -29,7 +36,10 @@ REPORTS: list[TrainerReport] = [
         grad_norm=0.8, tokens_per_s=1234.5, eta_s=60.0,
     ),
     CheckpointSavedReport(**COMMON, step=50, uri="s3://b/run/checkpoints/step-00000050", metrics={"loss": 0.9}),
-    CompletedReport(**COMMON, artifact_uri="s3://b/run/final", merged_uri=None, metrics={"loss": 0.7}, steps=100),
+    CompletedReport(
+        **COMMON, artifact_uri="s3://b/run/final", merged_uri=None, metrics={"loss": 0.7}, steps=100,
+        last_checkpoint_uri="s3://b/run/checkpoints/step-00000100", trained_tokens=51200,
+    ),
     FailedReport(**COMMON, reason="nan_loss", message="loss became nan at step 12", last_checkpoint_uri=None),
 ]  # fmt: skip
 
@@ -105,3 +115,28 @@ def test_each_report_maps_field_for_field_onto_its_event(
         name: getattr(report, name) for name in payload
     }
     assert isinstance(event.occurred_at, datetime)
+
+
+def test_a_completed_report_maps_onto_training_completed() -> None:
+    """The scheduler's mapping for job.training_completed: the same names, `steps` as `last_step`."""
+    report = REPORTS[3]
+    assert isinstance(report, CompletedReport)
+    names = set(TrainingCompleted.model_fields) - {"event_id", "schema_version", "last_step"}
+    event = TrainingCompleted.model_validate(
+        report.model_dump(include=names) | {"last_step": report.steps}
+    )
+
+    assert names <= set(CompletedReport.model_fields)
+    assert event.last_checkpoint_uri == "s3://b/run/checkpoints/step-00000100"
+    assert (event.last_step, event.trained_tokens) == (100, 51200)
+    assert event.artifact_uri == report.artifact_uri
+
+
+def test_a_completed_report_without_the_new_fields_still_parses() -> None:
+    """Reports of trainers from before last_checkpoint_uri / trained_tokens."""
+    body = json.loads(REPORTS[3].model_dump_json())
+    del body["last_checkpoint_uri"], body["trained_tokens"]
+
+    parsed = parse_report(json.dumps(body))
+    assert isinstance(parsed, CompletedReport)
+    assert (parsed.last_checkpoint_uri, parsed.trained_tokens) == (None, None)
