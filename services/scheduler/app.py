@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from services.scheduler import api, handlers
@@ -64,13 +67,31 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.include_router(api.internal)
     app.add_exception_handler(JobError, _job_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
     app.state.scheduler = scheduler
     app.state.reports = reports
     return app
 
 
+def _openai_error(status: int, message: str, param: str | None, code: str) -> dict[str, Any]:
+    """OpenAI's error body (the SDKs put `error.message` in the exception's text), with our
+    usual `detail` beside it."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    error = {"message": message, "type": kind, "param": param, "code": code}
+    return {"error": error, "detail": message}
+
+
 async def _job_error(request: Request, exc: JobError) -> JSONResponse:
-    return JSONResponse({"detail": str(exc), "param": exc.param, "code": exc.code}, exc.status)
+    return JSONResponse(_openai_error(exc.status, str(exc), exc.param, exc.code), exc.status)
+
+
+async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = jsonable_encoder(exc.errors())
+    fields = [".".join(str(p) for p in e["loc"] if p != "body") or "body" for e in errors]
+    message = "; ".join(f"{f}: {e['msg']}" for f, e in zip(fields, errors, strict=True))
+    body = _openai_error(422, message, fields[0] if fields else None, "invalid_value")
+    body["detail"] = errors  # FastAPI's own list, as the OpenAPI document describes
+    return JSONResponse(body, 422)
 
 
 class _Poller:
