@@ -1,14 +1,18 @@
-"""The final artifact: Hugging Face directories that transformers, peft and vLLM load as they are.
+"""Model directories that transformers, peft and vLLM load as they are: the final artifact, and the
+`model/` dir of every checkpoint, completed the same way so any of them can be served and registered.
 
 - `<output.prefix>/final/`: for LoRA/QLoRA a PEFT adapter dir (adapter_config.json +
-  adapter_model.safetensors, `base_model_name_or_path` = the base model location the job gave,
-  plus the tokenizer); for a full fine-tune the whole model (safetensors + config + tokenizer).
+  adapter_model.safetensors, `base_model_name_or_path` = the base model as the job named it: a
+  catalogue id, or the s3:// prefix / path it gave), for a full fine-tune the whole model.
 - `<output.prefix>/final-merged/` (LoRA/QLoRA with `output.merge_weights`): the adapter merged
-  into the base, stored in the base model's dtype, with the tokenizer.
+  into the base, stored in the base model's dtype.
+- `<output.prefix>/checkpoints/step-XXXXXXXX/model/`: the same as `final/` at that step.
 
-Each directory also carries `trainer_state.json` (steps, loss curve, config fingerprint). On
-S3 a directory is uploaded with `ObjectStore.put_dir` (manifest, commit marker last); locally it
-is written beside its destination and renamed into place, so a reader never sees half of one.
+Every one of them also holds the tokenizer with the serving chat template (so serving renders
+as training did) and `tuneloop-model.json` (`ModelInfo`: the base model by name, job, step,
+method). The final dirs also carry `trainer_state.json` (steps, loss curve, config fingerprint).
+On S3 a directory is uploaded with `ObjectStore.put_dir` (manifest, commit marker last); locally
+it is written beside its destination and renamed into place, so a reader never sees half of one.
 """
 
 from __future__ import annotations
@@ -19,18 +23,56 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal
 
 import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from services.trainer.checkpoints import peft_save_kwargs
 from services.trainer.rendering import serving_template
+from shared.catalogue import CATALOGUE
 from shared.storage import ObjectStore
 
 FINAL_DIR = "final"
 MERGED_DIR = "final-merged"
 STATE_FILE = "trainer_state.json"
+MODEL_INFO_FILE: Final = "tuneloop-model.json"
+MODEL_INFO_FORMAT: Final = 1
+ArtifactKind = Literal["adapter", "full", "merged"]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What `tuneloop-model.json` records about a model dir: which base it needs (by catalogue id
+    when the job named one, so a reader resolves it with `shared.catalogue` on its own machine),
+    and which job, attempt and step produced it."""
+
+    base_model: str
+    method: str
+    job_id: str
+    attempt_id: str
+    tenant: str
+    step: int
+
+    @property
+    def base_model_kind(self) -> Literal["catalogue", "s3", "path"]:
+        if self.base_model in CATALOGUE:
+            return "catalogue"
+        return "s3" if self.base_model.startswith("s3://") else "path"
+
+    def document(self, artifact: ArtifactKind) -> dict[str, Any]:
+        return {
+            "format": MODEL_INFO_FORMAT,
+            "artifact": artifact,
+            "base_model": self.base_model,
+            "base_model_kind": self.base_model_kind,
+            "method": self.method,
+            "job_id": self.job_id,
+            "attempt_id": self.attempt_id,
+            "tenant": self.tenant,
+            "step": self.step,
+        }
 
 
 @dataclass(frozen=True)
@@ -67,23 +109,41 @@ def _write_state(directory: Path, state: dict[str, Any]) -> None:
     (directory / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True))
 
 
-def save_adapter(
-    model: PeftModel, tokenizer: PreTrainedTokenizerBase, dest: Path, base_model: str
+def serving_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """A copy of the training tokenizer carrying the serving chat template (tools included), so
+    the saved model renders conversations as training did."""
+    copied = copy.copy(tokenizer)
+    copied.chat_template = serving_template(tokenizer)
+    return copied
+
+
+def _update_json(path: Path, **fields: Any) -> None:
+    document = json.loads(path.read_text())
+    document.update(fields)
+    path.write_text(json.dumps(document, indent=2, sort_keys=True))
+
+
+def complete_model_dir(
+    dest: Path, tokenizer: PreTrainedTokenizerBase, info: ModelInfo, artifact: ArtifactKind
 ) -> None:
-    """adapter_config.json + adapter_model.safetensors, base recorded as the job gave it."""
-    model.save_pretrained(dest, safe_serialization=True)
-    config_path = dest / "adapter_config.json"
-    adapter_config = json.loads(config_path.read_text())
-    # peft records the directory it loaded from: our work-dir copy when the base came from S3.
-    adapter_config["base_model_name_or_path"] = base_model
-    config_path.write_text(json.dumps(adapter_config, indent=2, sort_keys=True))
+    """Make a saved adapter or model dir servable as it is: the tokenizer (give it the
+    `serving_tokenizer`), the base named as the job named it, a generation-ready config, and
+    `tuneloop-model.json`."""
     tokenizer.save_pretrained(dest)
+    if (dest / "adapter_config.json").is_file():
+        # peft records the directory it loaded from: our work-dir copy of a catalogue or s3://
+        # base. The name the job gave is what any other machine can resolve.
+        _update_json(dest / "adapter_config.json", base_model_name_or_path=info.base_model)
+    elif (dest / "config.json").is_file():
+        _update_json(dest / "config.json", use_cache=True)  # off for training only
+    (dest / MODEL_INFO_FILE).write_text(
+        json.dumps(info.document(artifact), indent=2, sort_keys=True)
+    )
 
 
-def save_full(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dest: Path) -> None:
+def save_full(model: PreTrainedModel, dest: Path) -> None:
     model.config.use_cache = True  # it was off for training; generation wants it
     model.save_pretrained(dest, safe_serialization=True)
-    tokenizer.save_pretrained(dest)
 
 
 def merge_adapter(
@@ -110,7 +170,7 @@ def write_final(
     model: PreTrainedModel | PeftModel,
     tokenizer: PreTrainedTokenizerBase,
     *,
-    base_model: str,
+    info: ModelInfo,
     base_dir: Path,
     output_prefix: str,
     merge: bool,
@@ -121,16 +181,16 @@ def write_final(
 ) -> FinalArtifacts:
     """Write and publish final/ (and final-merged/ on request); returns their URIs."""
     model.eval()
-    # The saved tokenizer renders conversations as training did (tools included).
-    tokenizer = copy.copy(tokenizer)
-    tokenizer.chat_template = serving_template(tokenizer)
+    tokenizer = serving_tokenizer(tokenizer)
     local = work_dir / "artifact"
     shutil.rmtree(local, ignore_errors=True)
     final_local = local / FINAL_DIR
     if isinstance(model, PeftModel):
-        save_adapter(model, tokenizer, final_local, base_model)
+        model.save_pretrained(final_local, safe_serialization=True, **peft_save_kwargs(model))
+        complete_model_dir(final_local, tokenizer, info, "adapter")
     else:
-        save_full(model, tokenizer, final_local)
+        save_full(model, final_local)
+        complete_model_dir(final_local, tokenizer, info, "full")
     _write_state(final_local, state)
     uri = publish_dir(final_local, child_location(output_prefix, FINAL_DIR), store)
     if not (merge and isinstance(model, PeftModel)):
@@ -138,7 +198,8 @@ def write_final(
     merged = merge_adapter(model, base_dir=base_dir, adapter_dir=final_local, quantized=quantized)
     merged_local = local / MERGED_DIR
     merged = merged.to(getattr(torch, _base_dtype(base_dir)))
-    save_full(merged, tokenizer, merged_local)
+    save_full(merged, merged_local)
+    complete_model_dir(merged_local, tokenizer, info, "merged")
     _write_state(merged_local, state)
     merged_uri = publish_dir(merged_local, child_location(output_prefix, MERGED_DIR), store)
     return FinalArtifacts(uri=uri, merged_uri=merged_uri)

@@ -39,6 +39,7 @@ from shared.storage import ObjectStore
 
 __all__ = [
     "CHECKPOINT_DIR_FORMAT",
+    "MODEL_DIR",
     "CheckpointError",
     "CheckpointInfo",
     "CheckpointStore",
@@ -141,16 +142,23 @@ def save_training_state(
             f"{STATE_FILE}: trainer state is not JSON-serialisable: {exc}"
         ) from None
     local_dir.mkdir(parents=True, exist_ok=True)
-    if model_state is None:
-        model.save_pretrained(local_dir / MODEL_DIR)
-    else:
-        model.save_pretrained(local_dir / MODEL_DIR, state_dict=model_state)
+    kwargs = peft_save_kwargs(model)
+    if model_state is not None:
+        kwargs["state_dict"] = model_state
+    model.save_pretrained(local_dir / MODEL_DIR, **kwargs)
     optimizer_state = optimizer.state_dict() if optimizer_state is None else optimizer_state
     torch.save(optimizer_state, local_dir / OPTIMIZER_FILE)
     if scheduler is not None:
         torch.save(scheduler.state_dict(), local_dir / SCHEDULER_FILE)
     torch.save(capture_rng_state(), local_dir / RNG_FILE)
     (local_dir / STATE_FILE).write_text(state_json)
+
+
+def peft_save_kwargs(model: Any) -> dict[str, Any]:
+    """`save_pretrained` arguments for a PEFT model: never the base's embedding layers. We never
+    resize the vocabulary, and peft's "auto" would look the base up on the Hugging Face Hub
+    when its recorded name (a catalogue id) is not a local directory."""
+    return {"save_embedding_layers": False} if hasattr(model, "peft_config") else {}
 
 
 def _torch_load(path: Path) -> Any:

@@ -80,6 +80,13 @@ class OutputSettings(_Strict):
     merge_weights: bool = False
 
 
+class RuntimeSettings(_Strict):
+    # torch's intra-op (and, where still allowed, inter-op) threads per process; None: torch's
+    # default (OMP_NUM_THREADS, else one per core). Set it when training shares the machine with
+    # an eval engine, so the two split the cores by plan instead of contending for all of them.
+    torch_threads: int | None = Field(default=None, ge=1, le=1024)
+
+
 class WebhookSettings(_Strict):
     url: str = Field(pattern=r"^https?://")
     secret: SecretStr
@@ -99,7 +106,9 @@ class JobConfig(_Strict):
     job_id: str = Field(min_length=1, max_length=128)
     attempt_id: str = Field(default="attempt-1", min_length=1, max_length=128)
     tenant: TenantId
-    # A Hugging Face directory: local path or s3:// prefix (never a hub id).
+    # A base-model catalogue id (shared.catalogue: read from <TUNELOOP_DATA_DIR>/models/<id>), or
+    # a Hugging Face directory as a local path or s3:// prefix (never a hub id). Checkpoints and
+    # the artifact record it as given, so a catalogue id stays resolvable on another machine.
     base_model: str = Field(min_length=1)
     # A dataset snapshot (train.jsonl [+ eval.jsonl]): local dir, local .jsonl file or s3:// prefix.
     dataset: str = Field(min_length=1)
@@ -108,6 +117,7 @@ class JobConfig(_Strict):
     hyperparameters: Hyperparameters = Hyperparameters()
     checkpoints: CheckpointPolicy = CheckpointPolicy()
     output: OutputSettings
+    runtime: RuntimeSettings = RuntimeSettings()
     webhook: WebhookSettings | None = None
     # A checkpoint URI/path, or "latest": the newest committed checkpoint under output.prefix.
     resume_from: str | None = None

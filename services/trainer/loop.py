@@ -27,8 +27,16 @@ import torch
 from transformers import PreTrainedModel
 
 from services.trainer import distributed as dist_utils
-from services.trainer.artifacts import FinalArtifacts, write_final
+from services.trainer.artifacts import (
+    ArtifactKind,
+    FinalArtifacts,
+    ModelInfo,
+    complete_model_dir,
+    serving_tokenizer,
+    write_final,
+)
 from services.trainer.checkpoints import (
+    MODEL_DIR,
     STATE_FILE,
     CheckpointError,
     CheckpointStore,
@@ -48,7 +56,9 @@ from services.trainer.data import (
 )
 from services.trainer.distributed import DistContext
 from services.trainer.model_setup import (
+    apply_torch_threads,
     autocast_dtype,
+    base_model_location,
     build_model,
     build_optimizer,
     build_scheduler,
@@ -110,6 +120,7 @@ def run_training(
     `stop` is set by the SIGTERM handler: the current step finishes, a checkpoint is saved and
     the result says "stopped". `on_step` sees every step's metrics (the CLI's progress bar).
     """
+    apply_torch_threads(config.runtime)  # before any work, so every pool starts at that size
     ctx = dist_utils.init_distributed()
     run = _Run(config, work_dir / f"rank-{ctx.rank}", ctx, stop or threading.Event(), on_step)
     try:
@@ -145,14 +156,15 @@ class _Run:
     # -- set-up ---------------------------------------------------------------------------------
     def _setup_inputs(self) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        locations = [self.config.base_model, self.config.dataset, self.config.output.prefix]
+        base = base_model_location(self.config.base_model)  # a catalogue id's prepared dir
+        locations = [base, self.config.dataset, self.config.output.prefix]
         locations += [self.config.resume_from or ""]
         self.store = ObjectStore.from_settings(S3Settings()) if any(map(is_s3, locations)) else None
-        self.model_dir = fetch_dir(
-            self.config.base_model, self.work_dir / "base", self.store, field="base_model"
-        )
+        self.model_dir = fetch_dir(base, self.work_dir / "base", self.store, field="base_model")
         check_model_dir(self.model_dir, self.config.base_model)
         self.tokenizer = load_tokenizer(self.model_dir)
+        # What every checkpoint and the artifact carry: renders as training did, tools included.
+        self.serving_tokenizer = serving_tokenizer(self.tokenizer)
 
     def _setup_data(self) -> None:
         samples = load_snapshot_samples(self.config.dataset, store=self.store, split="train")
@@ -258,7 +270,10 @@ class _Run:
             if self.on_step is not None:
                 self.on_step(metrics)
             stopping = dist_utils.any_across(self.stop.is_set(), self.ctx)
-            if stopping or step % self.config.checkpoints.every_n_steps == 0:
+            # The last step is always saved, so the evaluator and the registry see the final
+            # state as a checkpoint like the others, whatever the cadence.
+            last = step == self.data.total_steps
+            if stopping or last or step % self.config.checkpoints.every_n_steps == 0:
                 self._checkpoint(step, batch.next_position, window)
                 window = []
             if stopping:
@@ -339,6 +354,16 @@ class _Run:
             "history": self.history,
         }
 
+    def _model_info(self, step: int) -> ModelInfo:
+        return ModelInfo(
+            base_model=self.config.base_model,
+            method=self.config.method,
+            job_id=self.config.job_id,
+            attempt_id=self.config.attempt_id,
+            tenant=self.config.tenant,
+            step=step,
+        )
+
     def _checkpoint(self, step: int, position: DataPosition, window: list[float]) -> None:
         # FSDP2: every rank takes part in gathering the whole tensors rank 0 writes.
         sharded = dist_utils.is_sharded(self.model)
@@ -355,6 +380,10 @@ class _Run:
                 model_state=gathered.model if gathered else None,
                 optimizer_state=gathered.optimizer if gathered else None,
             )
+            # model/ is a complete artifact (tokenizer, template, base by name), servable as is.
+            kind: ArtifactKind = "full" if self.config.method == "full" else "adapter"
+            info = self._model_info(step)
+            complete_model_dir(local / MODEL_DIR, self.serving_tokenizer, info, kind)
             metrics = {"loss": sum(window) / len(window)} if window else {}
             uri = self.checkpoints.commit(local, step=step, metrics=metrics)
             shutil.rmtree(local, ignore_errors=True)
@@ -372,7 +401,7 @@ class _Run:
             artifact = write_final(
                 self.model if gathered is None else self._unsharded(gathered),
                 self.tokenizer,
-                base_model=self.config.base_model,
+                info=self._model_info(step),
                 base_dir=self.model_dir,
                 output_prefix=self.config.output.prefix,
                 merge=self.config.output.merge_weights,
@@ -382,7 +411,9 @@ class _Run:
                 store=self.store,
             )
             metrics = {"loss": sum(window) / len(window)} if window else {}
-            self.reports.completed(artifact, metrics, step)
+            self.reports.completed(
+                artifact, metrics, step, self.last_checkpoint, _trained_tokens(self.history)
+            )
         dist_utils.barrier(self.ctx)
         return self._result("completed", step, artifact)
 
@@ -412,6 +443,11 @@ class _Run:
 
     def close(self) -> None:
         self.reports.close()
+
+
+def _trained_tokens(history: list[dict[str, Any]]) -> int:
+    """Non-pad tokens of every step taken, resumed attempts' steps included."""
+    return sum(int(entry.get("tokens", 0)) for entry in history)
 
 
 def _seed_everything(seed: int) -> None:

@@ -2,13 +2,14 @@
 full), the AdamW optimizer and the warmup + decay schedule. Each piece is a small function the
 loop calls once, in the spirit of torchtune's `_setup_*` methods.
 
-Models are read from a local directory or an `s3://` prefix copied to the work dir, never from a
-hub (`local_files_only=True`).
+Models are read from a catalogue id's prepared directory, a local directory or an `s3://` prefix
+copied to the work dir, never from a hub (`local_files_only=True`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,12 @@ from transformers import (
     get_scheduler,
 )
 
-from services.trainer.config import ConfigError, Hyperparameters, JobConfig
+from services.trainer.config import ConfigError, Hyperparameters, JobConfig, RuntimeSettings
+from shared import catalogue
+from shared.settings import AppSettings
 from shared.storage import IncompleteDirectory, ObjectStore
+
+log = logging.getLogger(__name__)
 
 # transformers' names for our schedule choices; "constant" still warms up.
 _SCHEDULERS = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
@@ -32,6 +37,44 @@ _SCHEDULERS = {"cosine": "cosine", "linear": "linear", "constant": "constant_wit
 
 def is_s3(location: str) -> bool:
     return location.startswith("s3://")
+
+
+def apply_torch_threads(runtime: RuntimeSettings) -> None:
+    """Set torch's thread counts as the job says (before any work), and log what torch uses."""
+    if runtime.torch_threads is not None:
+        torch.set_num_threads(runtime.torch_threads)
+        try:
+            torch.set_num_interop_threads(runtime.torch_threads)
+        except RuntimeError:
+            # Allowed once per process, before any inter-op work: a second run in the same
+            # process (tests) keeps the first setting. Training uses intra-op threads anyway.
+            log.debug("inter-op threads already fixed at %d", torch.get_num_interop_threads())
+    log.info(
+        "torch threads: %d intra-op, %d inter-op",
+        torch.get_num_threads(),
+        torch.get_num_interop_threads(),
+        extra={
+            "torch_threads": torch.get_num_threads(),
+            "torch_interop_threads": torch.get_num_interop_threads(),
+        },
+    )
+
+
+def base_model_location(base_model: str, *, data_dir: Path | None = None) -> str:
+    """Where to read the job's base model: a catalogue id's prepared dir under the data dir
+    (`TUNELOOP_DATA_DIR`), or its S3 copy when the catalogue names one; any other value as
+    given (a local path or s3:// prefix). A catalogue id wins over a same-named relative dir."""
+    if base_model in catalogue.CATALOGUE:
+        try:
+            return catalogue.locate(base_model, data_dir=data_dir or AppSettings().data_dir)
+        except catalogue.CatalogueError as exc:
+            raise ConfigError(str(exc)) from None
+    if catalogue.is_model_id(base_model) and not Path(base_model).expanduser().is_dir():
+        known = ", ".join(sorted(catalogue.CATALOGUE))
+        raise ConfigError(
+            f"base_model: {base_model!r} is neither a catalogue id ({known}) nor a directory"
+        )
+    return base_model
 
 
 def fetch_dir(location: str, dest: Path, store: ObjectStore | None, *, field: str) -> Path:

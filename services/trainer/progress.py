@@ -111,13 +111,22 @@ class ReportSender:
     def checkpoint_saved(self, step: int, uri: str, metrics: dict[str, float]) -> None:
         self._send(lambda: self.stamp.checkpoint_saved(step=step, uri=uri, metrics=metrics))
 
-    def completed(self, artifact: FinalArtifacts, metrics: dict[str, float], steps: int) -> None:
+    def completed(
+        self,
+        artifact: FinalArtifacts,
+        metrics: dict[str, float],
+        steps: int,
+        last_checkpoint_uri: str | None,
+        trained_tokens: int,
+    ) -> None:
         self._send(
             lambda: self.stamp.completed(
                 artifact_uri=artifact.uri,
                 merged_uri=artifact.merged_uri,
                 metrics=metrics,
                 steps=steps,
+                last_checkpoint_uri=last_checkpoint_uri,
+                trained_tokens=trained_tokens,
             )
         )
 

@@ -10,12 +10,18 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from services.trainer.artifacts import STATE_FILE, write_final
+from services.trainer.artifacts import MODEL_INFO_FILE, STATE_FILE, ModelInfo, write_final
 from services.trainer.config import parse_config
 from services.trainer.model_setup import build_model
 from shared.storage import ObjectStore
 
 BASE_LOCATION = "s3://models/tiny-llama"  # what the job said; recorded in the adapter config
+
+
+def _info(base_model: str, step: int = 7) -> ModelInfo:
+    return ModelInfo(
+        base_model=base_model, method="lora", job_id="j", attempt_id="a1", tenant="acme", step=step
+    )
 
 
 def _trained_lora(base_dir: Path, method: str = "lora") -> torch.nn.Module:
@@ -63,7 +69,7 @@ def test_lora_artifact_and_merged_weights_load_and_generate(
     artifacts = write_final(
         model,
         tiny_tokenizer,
-        base_model=BASE_LOCATION,
+        info=_info(BASE_LOCATION),
         base_dir=tiny_model_dir,
         output_prefix=str(out),
         merge=True,
@@ -81,6 +87,13 @@ def test_lora_artifact_and_merged_weights_load_and_generate(
     adapter_config = json.loads((adapter_dir / "adapter_config.json").read_text())
     assert adapter_config["base_model_name_or_path"] == BASE_LOCATION
     assert json.loads((adapter_dir / STATE_FILE).read_text())["step"] == 7
+    info = json.loads((adapter_dir / MODEL_INFO_FILE).read_text())
+    assert (info["artifact"], info["base_model"], info["base_model_kind"]) == (
+        "adapter",
+        BASE_LOCATION,
+        "s3",
+    )
+    assert json.loads((merged_dir / MODEL_INFO_FILE).read_text())["artifact"] == "merged"
 
     # Plain peft on a plain transformers base: same outputs as the trained model.
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True)
@@ -106,7 +119,7 @@ def test_full_finetune_artifact_is_a_model_dir(
     artifacts = write_final(
         model,
         tiny_tokenizer,
-        base_model=str(tiny_model_dir),
+        info=_info(str(tiny_model_dir)),
         base_dir=tiny_model_dir,
         output_prefix=str(tmp_path / "out"),
         merge=True,  # nothing to merge for a full fine-tune: no second dir
@@ -133,7 +146,7 @@ def test_artifact_on_s3_is_committed_and_loads(
     artifacts = write_final(
         model,
         tiny_tokenizer,
-        base_model=BASE_LOCATION,
+        info=_info(BASE_LOCATION),
         base_dir=tiny_model_dir,
         output_prefix=prefix,
         merge=False,

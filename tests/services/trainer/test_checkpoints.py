@@ -243,6 +243,29 @@ def test_retention_keeps_the_last_k_and_the_best(
     assert _steps_of(store) == [50, 60]
 
 
+def test_a_job_with_evals_keeps_every_checkpoint(
+    make_store: Callable[..., CheckpointStore], tmp_path: Path
+) -> None:
+    """The scheduler's policy for jobs with evals: no loss-based best, keep_last >= the planned
+    count. Every checkpoint stays until the final decision (the scheduler prunes then), even
+    when the training loss rises: the task score, not the loss, picks the one to register."""
+    planned = [5, 10, 15, 20, 23]  # the cadence, plus the last step
+    store = make_store(keep_last=len(planned), keep_best=False)
+    losses = iter([0.9, 0.4, 0.6, 0.8, 1.0])
+    uris = [
+        store.commit(
+            _fake_checkpoint(tmp_path / str(step), str(step)),
+            step=step,
+            metrics={"loss": next(losses)},
+        )
+        for step in planned
+    ]
+
+    assert _steps_of(store) == planned
+    assert [info.uri for info in store.committed()] == uris
+    assert store.latest() == uris[-1]
+
+
 def test_a_resumed_run_replaces_the_later_checkpoints_of_the_run_it_left(
     make_store: Callable[..., CheckpointStore], tmp_path: Path
 ) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from services.trainer.__main__ import (
 )
 from tests.services.trainer.jobs import (
     isolated_logging,
+    start_trainer,
     tiny_job,
     tiny_snapshot,
     webhook_receiver,
@@ -60,6 +64,7 @@ def test_overrides_and_merged_artifact(
         ("method=dpo", "method"),
         ("lora.rank=zero", "lora.rank"),
         ("hyperparameters", "--set"),
+        ("runtime.torch_threads=0", "runtime.torch_threads"),
     ],
 )
 def test_bad_config_exits_2_naming_the_field(
@@ -135,3 +140,33 @@ def test_nan_loss_stops_and_reports_the_last_good_checkpoint(
     assert failed[0].last_checkpoint_uri == saved[-1].uri
     assert f"step {saved[-1].step + 1}" in failed[0].message
     assert not (out / "final").exists()
+
+
+def test_torch_threads_reach_torch_in_the_cli_process(
+    tiny_model_dir: Path, snapshot: Path, tmp_path: Path
+) -> None:
+    """The child runs with OMP_NUM_THREADS=1, which torch's default follows; the job's
+    runtime.torch_threads overrides it (intra- and inter-op) for the whole run."""
+    document = tiny_job(
+        tiny_model_dir,
+        snapshot,
+        tmp_path / "out",
+        hyperparameters={"max_steps": 1},
+        runtime={"torch_threads": 2},
+    )
+    log = tmp_path / "trainer.log"
+    process = start_trainer(
+        ["run", "--config", str(write_job(tmp_path / "job.json", document))], log
+    )
+    try:
+        assert process.wait(240) == EXIT_OK, log.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    threads = [
+        (line["torch_threads"], line["torch_interop_threads"])
+        for line in lines
+        if "torch_threads" in line
+    ]
+    assert threads == [(2, 2)]

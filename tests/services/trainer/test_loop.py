@@ -58,11 +58,13 @@ def test_run_reports_over_signed_webhooks_and_writes_the_artifact(
     assert progress[-1].epoch == pytest.approx(1.0)
 
     saved = receiver.of_kind("checkpoint_saved")
-    assert [c.step for c in saved] == list(range(2, result.steps + 1, 2))
+    # Every 2 steps, and the last step whatever the cadence.
+    assert [c.step for c in saved] == sorted({*range(2, result.steps + 1, 2), result.steps})
     assert all("loss" in c.metrics for c in saved)
     completed = receiver.of_kind("completed")[0]
     assert completed.artifact_uri == str(out / "final")
     assert completed.steps == result.steps
+    assert completed.last_checkpoint_uri == saved[-1].uri
 
     # The final dir is a PEFT adapter with the curve recorded beside it.
     final = out / "final"
@@ -71,7 +73,7 @@ def test_run_reports_over_signed_webhooks_and_writes_the_artifact(
     assert [h["step"] for h in state["history"]] == list(range(1, result.steps + 1))
     # Retention kept the last two checkpoints (plus the best, which may be one of them).
     kept = sorted(p.name for p in (out / "checkpoints").iterdir() if not p.name.startswith("."))
-    assert f"step-{result.steps - result.steps % 2:08d}" in kept
+    assert f"step-{result.steps:08d}" in kept
     assert len(kept) <= 3
 
 
