@@ -172,10 +172,9 @@ class ReportReceiver:
         await asyncio.to_thread(record)
 
     async def _completed(self, job: JobRow, report: CompletedReport) -> None:
-        last = getattr(report, "last_checkpoint_uri", None) or await asyncio.to_thread(
-            self._last_checkpoint, job.id
-        )
-        tokens = report.metrics.get("trained_tokens")
+        # A trainer of an older release names neither: the newest checkpoint row stands in.
+        last = report.last_checkpoint_uri or await asyncio.to_thread(self._last_checkpoint, job.id)
+        tokens = report.trained_tokens
         await self.scheduler.publish(
             TrainingCompleted(
                 event_id=report.report_id,

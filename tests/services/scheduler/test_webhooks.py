@@ -132,7 +132,7 @@ async def test_checkpoints_and_completion_become_events_with_the_last_checkpoint
             seq=30,
             artifact_uri="s3://b/j/final",
             steps=20,
-            metrics={"trained_tokens": 1234.0},
+            trained_tokens=1234,
             **COMMON,
         )
     )
