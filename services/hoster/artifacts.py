@@ -113,6 +113,15 @@ def servable(pulled: Pulled, dest: Path, *, data_dir: Path, threads: int) -> Pat
     return dest
 
 
+def preload() -> None:
+    """Import torch, transformers and peft now: imported on the first merge, in a worker
+    thread, their seconds of import hold the GIL and starve the service's event loop (the bus
+    consumers' fetches time out)."""
+    import peft  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+
 def merge(base_dir: Path, adapter_dir: Path, dest: Path, *, threads: int) -> None:
     """peft's merge_and_unload of the adapter onto the base, saved with the adapter's tokenizer
     (it carries the chat template the model was trained with)."""

@@ -42,6 +42,7 @@ class Hoster:
     @classmethod
     def build(cls, settings: Settings, database: Database, publish: Publish) -> Hoster:
         hoster_settings = HosterSettings()
+        artifacts.preload()  # before any event loop runs
         store = ObjectStore.from_settings(settings.s3)
         data_dir = settings.app.data_dir.resolve()
 

@@ -154,10 +154,10 @@ def bench_inprocess(base_dir: Path, adapters: list[Path], threads: int) -> list[
     model = PeftModel.from_pretrained(base, adapters[0], adapter_name="ckpt-0")
     rows: list[str] = []
     report(rows, f"(b) load base + first adapter: {time.perf_counter() - t0:.1f} s")
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=True
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=False
     )
-    ids = list(ids["input_ids"]) if isinstance(ids, dict) else list(ids)
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     cb_config = ContinuousBatchingConfig(num_blocks=CACHE_BLOCKS, max_batch_tokens=MAX_BATCH_TOKENS)
     config = GenerationConfig(
         max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=tokenizer.eos_token_id

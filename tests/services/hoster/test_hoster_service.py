@@ -1,0 +1,225 @@
+"""The hoster as a process on real NATS, S3 and SQLite: an eval decision registers a version
+(once), auto-deploys it on a real `transformers serve` engine that answers the ft: name through
+the official openai SDK (plain and streamed), the registry lists it with its parent, a rejected
+version cannot be deployed (409 with its numbers), and DELETE stops the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from faststream.nats import NatsBroker
+from sqlmodel import Session
+
+from shared import auth, bus, db, localstack
+from shared.events import (
+    DEPLOYMENTS,
+    MODELS,
+    DeploymentReady,
+    DeploymentStopped,
+    EvalDecided,
+    Event,
+    ModelRegistered,
+)
+from shared.settings import Settings
+from shared.storage import COMMIT_MARKER, ObjectStore
+from tests.plugins.infra import RunningProcess, make_settings, settings_env
+from tests.services.hoster.checkpoints import BASE_ID, install_base, store_checkpoint
+
+pytestmark = pytest.mark.slow
+SERVICE_TOKEN = {"Authorization": "Bearer tuneloop-dev-service"}
+
+
+@dataclass
+class Hoster:
+    url: str
+    key: str
+    tenant: str
+    settings: Settings
+    store: ObjectStore
+    work: Path
+
+    def get(self, path: str) -> httpx.Response:
+        return httpx.get(f"{self.url}{path}", headers={"Authorization": f"Bearer {self.key}"})
+
+    def send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.key}"} | kwargs.pop("headers", {})
+        return httpx.request(method, f"{self.url}{path}", headers=headers, timeout=30, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def hoster(
+    nats_server: RunningProcess,
+    s3_server: RunningProcess,
+    stack_settings: Settings,
+    tmp_path_factory: pytest.TempPathFactory,
+    tiny_model_dir: Path,
+) -> Iterator[Hoster]:
+    tmp = tmp_path_factory.mktemp("hoster")
+    settings = make_settings(tmp, infra=stack_settings)
+    db.migrate(settings.database_url)
+    tenant = f"t{uuid.uuid4().hex[:10]}"
+    with Session(db.make_engine(settings.database_url)) as session:
+        auth.create_tenant(session, tenant_id=tenant, name=tenant)
+        _, key = auth.issue_api_key(session, tenant_id=tenant, name="tests")
+    install_base(settings.app.data_dir, tiny_model_dir)
+    store = ObjectStore.from_settings(settings.s3)
+    store.ensure_bucket()
+    process = RunningProcess(
+        localstack.component(settings, "hoster"),
+        tmp / "logs" / "hoster.log",
+        env=settings_env(settings) | {"TUNELOOP_HOSTER_ENGINE_LOAD_TIMEOUT_S": "240"},
+    )
+    process.start()
+    try:
+        url = f"http://127.0.0.1:{settings.services.hoster_port}"
+        yield Hoster(url, key, tenant, settings, store, tmp)
+    finally:
+        process.stop()
+        # Ours, not FastStream's supervisor (which logs a pull fetch that timed out on a busy CPU).
+        errors = [
+            line
+            for line in process.log().splitlines()
+            if '"level":"ERROR"' in line and '"logger":"tuneloop.hoster.faststream"' not in line
+        ]
+        assert not errors, errors
+
+
+@pytest.fixture
+async def broker(hoster: Hoster) -> AsyncIterator[NatsBroker]:
+    broker = bus.make_broker(hoster.settings.nats, service="hoster-tests")
+    await bus.connect(broker, hoster.settings.nats)
+    await bus.declare_streams(broker.connection, hoster.settings.nats)
+    yield broker
+    await broker.stop()
+
+
+async def next_event(
+    broker: NatsBroker, cls: type[Event], tenant: str, stream: str, timeout_s: float
+) -> dict[str, Any]:
+    js = broker.connection.jetstream()
+    sub = await js.pull_subscribe(cls.subject_for(tenant), stream=stream)
+    try:
+        messages = await sub.fetch(1, timeout=timeout_s)
+    finally:
+        await sub.unsubscribe()
+    return cls.model_validate_json(messages[0].data).model_dump()
+
+
+def decision(hoster: Hoster, job_id: str, uri: str, **overrides: Any) -> EvalDecided:
+    values: dict[str, Any] = {
+        "tenant": hoster.tenant,
+        "job_id": job_id,
+        "base_model": BASE_ID,
+        "fine_tuned_model": f"ft:{BASE_ID}:tickets:{job_id}",
+        "dataset_id": "ds-tickets",
+        "dataset_version": "abc123",
+        "best_step": 10,
+        "best_checkpoint_uri": uri,
+        "best_score": 0.92,
+        "base_score": 0.41,
+        "scores": {5: 0.8, 10: 0.92},
+        "gate": "passed",
+        "gate_reason": "0.92 >= 0.80 and beats the base by 0.51",
+        "auto_deploy": True,
+    }
+    return EvalDecided.model_validate(values | overrides)
+
+
+async def test_a_decision_is_registered_deployed_and_answers_the_ft_name(
+    hoster: Hoster, broker: NatsBroker
+) -> None:
+    job = "ftjob-served"
+    uri = store_checkpoint(hoster.store, hoster.work, tenant=hoster.tenant, job_id=job, step=10)
+    event = decision(hoster, job, uri)
+    await bus.publish(broker, event)
+    await bus.publish(broker, event.model_copy(update={"event_id": uuid.uuid4().hex}))  # redelivery
+    registered = await next_event(broker, ModelRegistered, hoster.tenant, MODELS.name, 60)
+    name = event.fine_tuned_model
+    assert (registered["model_id"], registered["step"], registered["gate"]) == (name, 10, "passed")
+    marker = hoster.store.get_bytes(f"{uri}/{COMMIT_MARKER}").decode()
+    assert registered["sha256"] == marker  # the digest of the manifest of every file's sha256
+
+    ready = await next_event(broker, DeploymentReady, hoster.tenant, DEPLOYMENTS.name, 300)
+    assert ready["served_model_name"] == name
+    assert ready["version_id"] == registered["version_id"]
+
+    models = hoster.get("/v1/models").json()
+    assert models["object"] == "list"
+    assert [(m["id"], m["parent"]) for m in models["data"]] == [(BASE_ID, None), (name, BASE_ID)]
+    assert hoster.get(f"/v1/models/{name}").json()["version_id"] == registered["version_id"]
+    missing = hoster.get("/v1/models/ft:nope:x:y")
+    assert missing.status_code == 404
+    assert "ft:nope:x:y" in missing.json()["detail"]
+
+    client = openai.OpenAI(base_url=ready["endpoint_url"], api_key="unused", max_retries=0)
+    messages: Any = [{"role": "user", "content": "Extract the ticket fields."}]
+    answer = client.chat.completions.create(model=name, messages=messages, max_tokens=5)
+    assert answer.choices[0].finish_reason is not None
+    chunks = [
+        c
+        for c in client.chat.completions.create(
+            model=name, messages=messages, max_tokens=5, stream=True
+        )
+        if c.choices
+    ]
+    assert chunks[-1].choices[0].finish_reason is not None
+    listed = client.models.list()
+    assert [m.id for m in listed.data] == [name]
+
+    deployments = hoster.get("/v1/deployments").json()["data"]
+    assert [(d["model"], d["status"]) for d in deployments] == [(name, "ready")]
+    again = hoster.send("POST", "/v1/deployments", json={"model": registered["version_id"]})
+    assert again.json()["id"] == deployments[0]["id"]  # an active deployment is reused
+
+    stopped = hoster.send("DELETE", f"/v1/deployments/{deployments[0]['id']}")
+    assert stopped.json()["status"] == "stopped"
+    gone = await next_event(broker, DeploymentStopped, hoster.tenant, DEPLOYMENTS.name, 30)
+    assert gone["served_model_name"] == name
+    with pytest.raises(openai.APIConnectionError):
+        client.models.list()
+
+
+async def test_a_rejected_version_is_registered_but_not_deployable(
+    hoster: Hoster, broker: NatsBroker
+) -> None:
+    job = "ftjob-rejected"
+    uri = store_checkpoint(hoster.store, hoster.work, tenant=hoster.tenant, job_id=job, step=10)
+    event = decision(hoster, job, uri, gate="rejected", best_score=0.3, gate_reason="0.30 < 0.80")
+    await bus.publish(broker, event)
+    name = event.fine_tuned_model
+    for _ in range(200):
+        if hoster.get(f"/v1/models/{name}").status_code == 200:
+            break
+        await asyncio.sleep(0.1)
+    refused = hoster.send("POST", "/v1/deployments", json={"model": name})
+    assert refused.status_code == 409
+    error = refused.json()["error"]
+    assert (error["task_score"], error["base_score"], error["gate"]) == (0.3, 0.41, "rejected")
+    assert "0.30 < 0.80" in error["message"]
+
+
+def test_bad_input_gets_a_4xx_naming_it(hoster: Hoster) -> None:
+    missing = hoster.send("POST", "/v1/deployments", json={"model": "ft:none:x:y"})
+    assert missing.status_code == 404
+    assert "ft:none:x:y" in missing.json()["detail"]
+    assert hoster.send("POST", "/v1/deployments", json={}).status_code == 422
+    assert hoster.send("GET", "/v1/deployments/dep-nope").status_code == 404
+    body = {"tenant": hoster.tenant, "job_id": "j", "base_model": "gpt-9"}
+    assert hoster.send("POST", "/internal/engines", json=body).status_code == 401  # tenant key
+    bad = hoster.send("POST", "/internal/engines", json=body, headers=SERVICE_TOKEN)
+    assert bad.status_code == 422
+    assert "base_model" in bad.json()["detail"]
+    ckpt = {"uri": "s3://x/y", "step": 1}
+    nope = hoster.send(
+        "POST", "/internal/engines/eng-x/checkpoints", json=ckpt, headers=SERVICE_TOKEN
+    )
+    assert nope.status_code == 404
+    assert "eng-x" in nope.json()["detail"]
