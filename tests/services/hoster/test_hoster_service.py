@@ -6,8 +6,11 @@ version cannot be deployed (409 with its numbers), and DELETE stops the engine."
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ import pytest
 from faststream.nats import NatsBroker
 from sqlmodel import Session
 
+from services.hoster.engines import stop_leftovers
 from shared import auth, bus, db, localstack
 from shared.events import (
     DEPLOYMENTS,
@@ -45,6 +49,7 @@ class Hoster:
     settings: Settings
     store: ObjectStore
     work: Path
+    process: RunningProcess
 
     def get(self, path: str) -> httpx.Response:
         return httpx.get(f"{self.url}{path}", headers={"Authorization": f"Bearer {self.key}"})
@@ -80,9 +85,10 @@ def hoster(
     process.start()
     try:
         url = f"http://127.0.0.1:{settings.services.hoster_port}"
-        yield Hoster(url, key, tenant, settings, store, tmp)
+        yield Hoster(url, key, tenant, settings, store, tmp, process)
     finally:
         process.stop()
+        stop_leftovers(tmp / "hoster" / "deployments")  # deployments outlive the hoster
         # Ours, not FastStream's supervisor (which logs a pull fetch that timed out on a busy CPU).
         errors = [
             line
@@ -102,15 +108,26 @@ async def broker(hoster: Hoster) -> AsyncIterator[NatsBroker]:
 
 
 async def next_event(
-    broker: NatsBroker, cls: type[Event], tenant: str, stream: str, timeout_s: float
+    broker: NatsBroker,
+    cls: type[Event],
+    tenant: str,
+    stream: str,
+    timeout_s: float,
+    skip: Callable[[dict[str, Any]], bool] = lambda event: False,
 ) -> dict[str, Any]:
+    """The tenant's first `cls` event in the stream that `skip` does not pass over."""
     js = broker.connection.jetstream()
     sub = await js.pull_subscribe(cls.subject_for(tenant), stream=stream)
     try:
-        messages = await sub.fetch(1, timeout=timeout_s)
+        async with asyncio.timeout(timeout_s):
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    for message in await sub.fetch(1, timeout=5):
+                        event = cls.model_validate_json(message.data).model_dump()
+                        if not skip(event):
+                            return event
     finally:
         await sub.unsubscribe()
-    return cls.model_validate_json(messages[0].data).model_dump()
 
 
 def decision(hoster: Hoster, job_id: str, uri: str, **overrides: Any) -> EvalDecided:
@@ -223,3 +240,65 @@ def test_bad_input_gets_a_4xx_naming_it(hoster: Hoster) -> None:
     )
     assert nope.status_code == 404
     assert "eng-x" in nope.json()["detail"]
+
+
+async def test_a_restarted_hoster_adopts_a_live_engine_and_restarts_a_dead_one(
+    hoster: Hoster, broker: NatsBroker
+) -> None:
+    hoster_process = hoster.process
+    job = "ftjob-restart"
+    uri = store_checkpoint(hoster.store, hoster.work, tenant=hoster.tenant, job_id=job, step=10)
+    event = decision(hoster, job, uri, auto_deploy=False)
+    event_name = event.fine_tuned_model
+    await bus.publish(broker, event)
+    await next_event(
+        broker,
+        ModelRegistered,
+        hoster.tenant,
+        MODELS.name,
+        60,
+        skip=lambda registered: registered["model_id"] != event_name,
+    )
+    created = hoster.send("POST", "/v1/deployments", json={"model": event.fine_tuned_model})
+    assert created.json()["status"] == "pending"
+    ready = await next_event(
+        broker,
+        DeploymentReady,
+        hoster.tenant,
+        DEPLOYMENTS.name,
+        300,
+        skip=lambda event: event["served_model_name"] != event_name,
+    )
+    path = f"/v1/deployments/{ready['deployment_id']}"
+    client = openai.OpenAI(base_url=ready["endpoint_url"], api_key="unused", max_retries=0)
+
+    hoster_process.stop()  # deployments outlive the hoster...
+    assert [m.id for m in client.models.list().data] == [event.fine_tuned_model]
+    hoster_process.start()  # ...and a new one adopts the engine still serving
+    assert hoster.get(path).json()["endpoint_url"] == ready["endpoint_url"]
+
+    hoster_process.kill()
+    engine_pid = int(next(hoster.work.glob(f"**/{ready['deployment_id']}/engine.pid")).read_text())
+    os.killpg(engine_pid, signal.SIGKILL)
+    hoster_process.start()  # the engine is gone: started again
+    again = await next_event(
+        broker,
+        DeploymentReady,
+        hoster.tenant,
+        DEPLOYMENTS.name,
+        300,
+        skip=lambda event: (
+            event["deployment_id"] != ready["deployment_id"]
+            or event["event_id"] == ready["event_id"]
+        ),
+    )
+    assert again["deployment_id"] == ready["deployment_id"]
+    assert hoster.get(path).json()["status"] == "ready"
+    client = openai.OpenAI(base_url=again["endpoint_url"], api_key="unused", max_retries=0)
+    answer = client.chat.completions.create(
+        model=event.fine_tuned_model,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=3,
+    )
+    assert answer.choices
+    assert hoster.send("DELETE", path).json()["status"] == "stopped"
