@@ -17,7 +17,7 @@ from typing import Any
 
 from services.hoster.errors import ArtifactFailed, BadRequest
 from shared.catalogue import CatalogueError, is_model_id, locate, tenant_prefix
-from shared.storage import COMMIT_MARKER, ObjectStore, StorageError, parse_uri
+from shared.storage import COMMIT_MARKER, ObjectNotFound, ObjectStore, StorageError, parse_uri
 
 ADAPTER_CONFIG = "adapter_config.json"
 _merge_lock = threading.Lock()  # one merge at a time: each holds a whole model in memory
@@ -48,17 +48,21 @@ def check_uri(uri: str, *, tenant: str, bucket: str, field: str = "uri") -> str:
 
 
 def checkpoint_digest(store: ObjectStore, uri: str) -> str:
-    """The committed checkpoint's digest: its commit marker, the sha256 of its manifest."""
+    """The committed checkpoint's digest: its commit marker, the sha256 of its manifest.
+    ArtifactFailed when there is none; StorageError (S3 unreachable: worth a retry) passes."""
     try:
         return store.get_bytes(f"{uri.rstrip('/')}/{COMMIT_MARKER}").decode().strip()
-    except StorageError as exc:
-        raise ArtifactFailed(f"checkpoint {uri} is not committed or unreadable: {exc}") from None
+    except ObjectNotFound:
+        raise ArtifactFailed(f"checkpoint {uri} is not committed (no {COMMIT_MARKER})") from None
 
 
 def pull(store: ObjectStore, uri: str, dest: Path, *, expect_sha256: str | None = None) -> Pulled:
     """Download the committed checkpoint at uri into dest (kept if an earlier pull of the same
     digest is there), every file verified; ArtifactFailed on any mismatch."""
-    digest = checkpoint_digest(store, uri)
+    try:
+        digest = checkpoint_digest(store, uri)
+    except StorageError as exc:
+        raise ArtifactFailed(f"reading {uri}: {exc}") from None
     if expect_sha256 is not None and digest != expect_sha256:
         raise ArtifactFailed(f"checkpoint {uri} has digest {digest}, registered as {expect_sha256}")
     stamp = dest / ".sha256"

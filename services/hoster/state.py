@@ -22,7 +22,7 @@ from shared import bus
 from shared.db import session_scope
 from shared.events import DeploymentFailed, DeploymentReady, DeploymentStopped, EvalDecided, Event
 from shared.settings import Settings
-from shared.storage import ObjectNotFound, ObjectStore
+from shared.storage import ObjectStore
 
 log = logging.getLogger("tuneloop.hoster")
 Publish = Callable[[Event], Awaitable[None]]
@@ -78,12 +78,10 @@ class Hoster:
     async def register(self, event: EvalDecided) -> None:
         """EvalDecided -> a registered version (once), ModelRegistered, and with auto_deploy and
         a gate not rejecting it, a deployment."""
-        try:
+        try:  # S3 unreachable (StorageError) is retried; a checkpoint never committed is not
             digest = await asyncio.to_thread(
                 artifacts.checkpoint_digest, self.store, event.best_checkpoint_uri
             )
-        except ObjectNotFound as exc:
-            raise bus.PermanentError(f"{event.best_checkpoint_uri}: {exc}") from None
         except ArtifactFailed as exc:
             raise bus.PermanentError(exc.message) from None
         with session_scope(self.database) as session:
