@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy.engine import Engine as Database
-from sqlmodel import Session, col, select
+from sqlmodel import col, select
 
 from services.hoster import artifacts, registry
 from services.hoster.config import HosterSettings
@@ -178,7 +178,7 @@ class Deployments:
             relaunch.append(deployment.id)
         return relaunch
 
-    def stop_all(self) -> None:
+    def forget_all(self) -> None:
         """At shutdown: engines keep serving (deployments outlive the hoster); forget them."""
         self._engines.clear()
 
@@ -194,10 +194,3 @@ class Deployments:
             session.commit()
             session.refresh(deployment)
             return deployment
-
-    def version_of(self, deployment: Deployment) -> ModelVersion:
-        with Session(self.database) as session:
-            version = session.get(ModelVersion, deployment.version_id)
-        if version is None:
-            raise NotFound(f"version {deployment.version_id!r} not found")
-        return version

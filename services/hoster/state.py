@@ -72,7 +72,7 @@ class Hoster:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.to_thread(self.eval_engines.close_all)
-        self.deployments.stop_all()
+        self.deployments.forget_all()
 
     # -- registry ---------------------------------------------------------------------------
     async def register(self, event: EvalDecided) -> None:
