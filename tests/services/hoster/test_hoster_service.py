@@ -302,3 +302,31 @@ async def test_a_restarted_hoster_adopts_a_live_engine_and_restarts_a_dead_one(
     )
     assert answer.choices
     assert hoster.send("DELETE", path).json()["status"] == "stopped"
+
+
+def test_the_internal_engine_api_serves_the_evaluators_contract(hoster: Hoster) -> None:
+    job = "ftjob-eval-http"
+    body = {"tenant": hoster.tenant, "job_id": job, "base_model": BASE_ID}
+    opened = hoster.send("POST", "/internal/engines", json=body, headers=SERVICE_TOKEN)
+    assert opened.status_code == 200, opened.text
+    engine = opened.json()
+    assert engine["base_model_name"] == BASE_ID
+    assert engine["base_url"].startswith("http://127.0.0.1:")
+    same = hoster.send("POST", "/internal/engines", json=body, headers=SERVICE_TOKEN)
+    assert same.json()["engine_id"] == engine["engine_id"]  # one engine per job and base
+
+    uri = store_checkpoint(hoster.store, hoster.work, tenant=hoster.tenant, job_id=job, step=4)
+    path = f"/internal/engines/{engine['engine_id']}"
+    loaded = hoster.send(
+        "POST", f"{path}/checkpoints", json={"uri": uri, "step": 4}, headers=SERVICE_TOKEN
+    )
+    assert loaded.status_code == 200, loaded.text
+    client = openai.OpenAI(base_url=engine["base_url"], api_key="unused", max_retries=0)
+    messages: Any = [{"role": "user", "content": "Hi"}]
+    for model in (BASE_ID, loaded.json()["model"]):
+        assert client.chat.completions.create(model=model, messages=messages, max_tokens=2).choices
+
+    assert hoster.send("DELETE", path, headers=SERVICE_TOKEN).status_code == 204
+    assert hoster.send("DELETE", path, headers=SERVICE_TOKEN).status_code == 404
+    with pytest.raises(openai.APIConnectionError):
+        client.models.list()
