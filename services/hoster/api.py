@@ -62,14 +62,16 @@ class ModelList(BaseModel):
 
 class DeploymentCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    model: str = Field(min_length=1, max_length=256, description="an ft: name or a version id")
+    model: str = Field(
+        min_length=1, max_length=256, description="an ft: name, a version id or a catalogue base id"
+    )
 
 
 class DeploymentObject(BaseModel):
     id: str
     object: Literal["deployment"] = "deployment"
-    model: str = Field(description="the ft: name the engine answers to")
-    version_id: str
+    model: str = Field(description="the name the engine answers to (ft: name or catalogue id)")
+    version_id: str | None = Field(description="the registry version served; null for a base")
     status: Literal["pending", "ready", "failed", "stopped"]
     endpoint_url: str | None
     error: str | None
@@ -134,7 +136,7 @@ def get_model(model_id: str, principal: TenantDep, session: SessionDep) -> dict[
 
 
 @v1.post("/deployments", response_model=DeploymentObject, tags=["deployments"],
-         summary="Deploy a fine-tuned version (pending until its engine has answered once)")  # fmt: skip
+         summary="Deploy a fine-tuned version or a catalogue base (pending until it has answered once)")  # fmt: skip
 async def create_deployment(
     body: DeploymentCreate, principal: TenantDep, hoster: HosterDep
 ) -> DeploymentObject:

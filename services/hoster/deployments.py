@@ -1,5 +1,6 @@
 """Deployments: a registered version served by an engine of its own that answers to the version's
-`ft:` name (the name is the engine's pinned model directory), warmed up before it is ready.
+`ft:` name (the name is the engine's pinned model directory), warmed up before it is ready. A
+catalogue base deploys the same way under its catalogue id (its prepared directory, no version).
 
 The table holds the desired state. At start-up a pending or ready deployment whose engine is gone
 is started again (its merged weights are kept on disk per version, so that is a restart, not a
@@ -19,8 +20,9 @@ from sqlmodel import col, select
 from services.hoster import artifacts, registry
 from services.hoster.config import HosterSettings
 from services.hoster.engines import Engine, EngineSpec
-from services.hoster.errors import Conflict, HosterError, NotFound
+from services.hoster.errors import BadRequest, Conflict, HosterError, NotFound
 from services.hoster.models import Deployment, ModelVersion
+from shared.catalogue import CATALOGUE, CatalogueError, locate
 from shared.db import session_scope, utcnow
 from shared.storage import ObjectStore
 
@@ -46,8 +48,11 @@ class Deployments:
 
     # -- requests (quick, database only) ------------------------------------------------------
     def request(self, tenant: str, model: str) -> tuple[Deployment, bool]:
-        """A deployment of the version `model` names, and whether it is new (an active one of the
-        same version is reused). Conflict with the numbers for a version the gate rejected."""
+        """A deployment of the version `model` names (or of the catalogue base it names), and
+        whether it is new (an active one of the same version or base is reused). Conflict with
+        the numbers for a version the gate rejected."""
+        if model in CATALOGUE:
+            return self._request_base(tenant, model)
         with session_scope(self.database) as session:
             version = registry.resolve(session, tenant, model)
             if version.gate == "rejected":
@@ -69,17 +74,43 @@ class Deployments:
             ).first()
             if active is not None:
                 return active, False
-            deployment = Deployment(
-                id=f"dep-{uuid.uuid4().hex[:20]}",
-                tenant=tenant,
-                version_id=version.id,
-                served_model_name=version.name,
-                status="pending",
-            )
+        return self._add(tenant, version.name, version.id), True
+
+    def _request_base(self, tenant: str, base_id: str) -> tuple[Deployment, bool]:
+        """A catalogue base, served under its catalogue id by the tenant's own engine (so the
+        gateway's (tenant, name) routing and the deployment's lifetime work as for versions)."""
+        try:  # refused now, not as a failed deployment later
+            where = locate(base_id, data_dir=self.data_dir)
+        except CatalogueError as exc:
+            raise BadRequest(str(exc).replace("base_model:", "model:", 1)) from None
+        if where.startswith("s3://"):
+            raise BadRequest(f"model: {base_id} is not prepared on this machine; run `make model`")
+        with session_scope(self.database) as session:
+            active = session.exec(
+                select(Deployment).where(
+                    Deployment.tenant == tenant,
+                    col(Deployment.version_id).is_(None),
+                    Deployment.served_model_name == base_id,
+                    col(Deployment.status).in_(ACTIVE),
+                )
+            ).first()
+            if active is not None:
+                return active, False
+        return self._add(tenant, base_id, None), True
+
+    def _add(self, tenant: str, name: str, version_id: str | None) -> Deployment:
+        deployment = Deployment(
+            id=f"dep-{uuid.uuid4().hex[:20]}",
+            tenant=tenant,
+            version_id=version_id,
+            served_model_name=name,
+            status="pending",
+        )
+        with session_scope(self.database) as session:
             session.add(deployment)
             session.commit()
             session.refresh(deployment)
-            return deployment, True
+            return deployment
 
     def get(self, tenant: str, deployment_id: str) -> Deployment:
         with session_scope(self.database) as session:
@@ -98,8 +129,9 @@ class Deployments:
         """Pull + verify, merge, start the engine, warm it up; the deployment ready or failed."""
         with session_scope(self.database) as session:
             deployment = session.get(Deployment, deployment_id)
-            version = session.get(ModelVersion, deployment.version_id) if deployment else None
-        if deployment is None or version is None:
+            version_id = deployment.version_id if deployment else None
+            version = session.get(ModelVersion, version_id) if version_id else None
+        if deployment is None or (deployment.version_id is not None and version is None):
             raise NotFound(f"deployment {deployment_id!r} not found")
         try:
             engine = self._start(deployment, version)
@@ -118,7 +150,25 @@ class Deployments:
             error=None,
         )
 
-    def _start(self, deployment: Deployment, version: ModelVersion) -> Engine:
+    def _start(self, deployment: Deployment, version: ModelVersion | None) -> Engine:
+        spec = EngineSpec(
+            engine_id=deployment.id,
+            work_dir=self.root / "deployments" / deployment.id,
+            pinned=deployment.served_model_name,
+        )
+        engine = self.factory(spec, None)
+        if version is None:  # a catalogue base: its prepared directory, as it is
+            artifacts.link_base(
+                deployment.served_model_name, engine.models_dir, data_dir=self.data_dir
+            )
+        else:
+            self._link_version(version, engine.models_dir)
+        self._engines[deployment.id] = engine
+        engine.start()
+        engine.warm_up(deployment.served_model_name)
+        return engine
+
+    def _link_version(self, version: ModelVersion, models_dir: Path) -> None:
         merged = self.merged_dir(version)
         if not (merged / "config.json").is_file():
             pulled = artifacts.pull(
@@ -130,20 +180,10 @@ class Deployments:
             artifacts.servable(
                 pulled, merged, data_dir=self.data_dir, threads=self.settings.engine_threads
             )
-        spec = EngineSpec(
-            engine_id=deployment.id,
-            work_dir=self.root / "deployments" / deployment.id,
-            pinned=version.name,
-        )
-        engine = self.factory(spec, None)
-        link = engine.models_dir / version.name
+        link = models_dir / version.name
         if not link.exists():
-            engine.models_dir.mkdir(parents=True, exist_ok=True)
+            models_dir.mkdir(parents=True, exist_ok=True)
             link.symlink_to(merged.resolve(), target_is_directory=True)
-        self._engines[deployment.id] = engine
-        engine.start()
-        engine.warm_up(version.name)
-        return engine
 
     def merged_dir(self, version: ModelVersion) -> Path:
         return self.root / "versions" / version.id / "merged"

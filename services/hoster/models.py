@@ -43,13 +43,14 @@ class ModelVersion(SQLModel, table=True):
 
 
 class Deployment(SQLModel, table=True):
-    """A version served by an engine: the desired state (pending/ready) survives restarts."""
+    """A version (or a catalogue base: `version_id` None, served under its catalogue id) served
+    by an engine: the desired state (pending/ready) survives restarts."""
 
     __tablename__ = "hoster_deployments"
 
     id: str = Field(primary_key=True, max_length=64)
     tenant: str = Field(index=True, max_length=64)
-    version_id: str = Field(index=True, max_length=64)
+    version_id: str | None = Field(default=None, index=True, max_length=64)
     served_model_name: str = Field(max_length=256)
     status: str = Field(max_length=16)  # pending | ready | failed | stopped
     endpoint_url: str | None = Field(default=None, max_length=512)

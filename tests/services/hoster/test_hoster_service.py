@@ -330,3 +330,32 @@ def test_the_internal_engine_api_serves_the_evaluators_contract(hoster: Hoster) 
     assert hoster.send("DELETE", path, headers=SERVICE_TOKEN).status_code == 404
     with pytest.raises(openai.APIConnectionError):
         client.models.list()
+
+
+async def test_a_catalogue_base_is_deployed_under_its_id(
+    hoster: Hoster, broker: NatsBroker
+) -> None:
+    created = hoster.send("POST", "/v1/deployments", json={"model": BASE_ID})
+    assert created.status_code == 200, created.text
+    assert (created.json()["model"], created.json()["version_id"]) == (BASE_ID, None)
+    ready = await next_event(
+        broker,
+        DeploymentReady,
+        hoster.tenant,
+        DEPLOYMENTS.name,
+        300,
+        skip=lambda event: event["deployment_id"] != created.json()["id"],
+    )
+    assert (ready["served_model_name"], ready["version_id"]) == (BASE_ID, None)
+    listed = [d for d in hoster.get("/v1/deployments").json()["data"] if d["model"] == BASE_ID]
+    assert [(d["id"], d["status"]) for d in listed] == [(ready["deployment_id"], "ready")]
+    again = hoster.send("POST", "/v1/deployments", json={"model": BASE_ID})
+    assert again.json()["id"] == ready["deployment_id"]
+
+    client = openai.OpenAI(base_url=ready["endpoint_url"], api_key="unused", max_retries=0)
+    messages: Any = [{"role": "user", "content": "Hi"}]
+    answer = client.chat.completions.create(model=BASE_ID, messages=messages, max_tokens=3)
+    assert answer.choices[0].finish_reason is not None
+    assert [m.id for m in client.models.list().data] == [BASE_ID]
+    path = f"/v1/deployments/{ready['deployment_id']}"
+    assert hoster.send("DELETE", path).json()["status"] == "stopped"

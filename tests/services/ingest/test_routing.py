@@ -93,3 +93,14 @@ def test_a_deployments_route_tags_its_samples_with_the_version_it_serves() -> No
     provider = table.resolve("openai", "gpt-4o", "acme")
     assert provider is not None
     assert provider.tags == ()
+
+
+def test_a_deployed_catalogue_base_is_routed_though_no_upstream_pattern_names_it() -> None:
+    table = RoutingTable([OPENAI_A, LOCAL])  # no pattern matches "SmolLM2-135M-Instruct"
+    assert table.resolve("openai", "SmolLM2-135M-Instruct", "acme") is None
+    table.add_deployment(tenant="acme", served_model_name="SmolLM2-135M-Instruct",
+                         deployment_id="dep-base", endpoint_url="http://127.0.0.1:9002/v1")  # fmt: skip
+    route = table.resolve("openai", "SmolLM2-135M-Instruct", "acme")
+    assert route is not None
+    assert (route.upstream, route.tags) == ("deployment:dep-base", ())  # a base: no version tag
+    assert table.resolve("openai", "SmolLM2-135M-Instruct", "globex") is None
