@@ -459,7 +459,8 @@ class DeploymentRequested(DeploymentEvent):
 
 
 class DeploymentReady(DeploymentEvent):
-    """A deployment serves; the gateway routes `served_model_name` to `endpoint_url`.
+    """A deployment serves; the gateway routes `served_model_name` to `endpoint_url`, the
+    engine's OpenAI base URL (`http://host:port/v1`, what an SDK takes as base_url).
 
     v2: the registry version it serves (`version_id`), which the gateway tags captured answers
     with. The engine answers to `served_model_name` itself: the gateway rewrites no body."""

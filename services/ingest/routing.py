@@ -152,7 +152,10 @@ class RoutingTable:
         version_id: str | None = None,
     ) -> None:
         if deployment_id not in self.stopped:
-            deployed = Deployed(deployment_id, endpoint_url, version_id)
+            # An engine's OpenAI base URL ends in /v1, as an SDK's does; the gateway sends the
+            # caller's own path (/v1/chat/completions) to the server's root, as for upstreams.
+            root = endpoint_url.rstrip("/").removesuffix("/v1")
+            deployed = Deployed(deployment_id, root, version_id)
             self.deployments[(tenant, served_model_name)] = deployed
 
     def remove_deployment(self, *, tenant: str, served_model_name: str, deployment_id: str) -> None:

@@ -489,7 +489,8 @@ def _eval_message(
         if row is not None and score is not None:
             row.task_score = score
             session.add(row)
-        return f"Step {event.step}: task score {score}", {"step": event.step, **event.scores}
+        shown = f"{score:.3f}" if score is not None else "not reported"
+        return f"Step {event.step}: task score {shown}", {"step": event.step, **event.scores}
     if isinstance(event, BestCheckpointChanged):
         job.best_step = event.step
         return f"Best checkpoint is now step {event.step} ({event.metric} {event.value:.3f})", {

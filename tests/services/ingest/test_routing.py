@@ -104,3 +104,14 @@ def test_a_deployed_catalogue_base_is_routed_though_no_upstream_pattern_names_it
     assert route is not None
     assert (route.upstream, route.tags) == ("deployment:dep-base", ())  # a base: no version tag
     assert table.resolve("openai", "SmolLM2-135M-Instruct", "globex") is None
+
+
+def test_an_engines_openai_base_url_is_routed_at_its_root() -> None:
+    # deployment.ready names the engine's OpenAI base URL (…/v1, as an SDK takes it); the
+    # gateway appends the caller's own /v1/... path, so it must route to the root.
+    table = RoutingTable([OPENAI_A])
+    table.add_deployment(tenant="acme", served_model_name="ft:b::j", deployment_id="dep-9",
+                         endpoint_url="http://127.0.0.1:41591/v1")  # fmt: skip
+    route = table.resolve("openai", "ft:b::j", "acme")
+    assert route is not None
+    assert route.base_url == "http://127.0.0.1:41591"
