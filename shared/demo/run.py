@@ -229,6 +229,10 @@ def _run(settings: Settings, args: argparse.Namespace, started_at: float) -> int
         "teacher": asyncio.run(_score(aclient, TEACHER_MODEL, heldout)),
     }
     _report(scores, name, job, time.monotonic() - started_at)
+    if not args.keep:
+        # Engines outlive the hoster (a restart takes them over): stop the demo's own.
+        for deployment in http.get("/v1/deployments").json().get("data", []):
+            http.delete(f"/v1/deployments/{deployment['id']}")
     return 0 if scores["fine-tuned"].accuracy >= GOAL else 1
 
 
