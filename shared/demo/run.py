@@ -203,11 +203,15 @@ def _run(settings: Settings, args: argparse.Namespace, started_at: float) -> int
     key = _key(settings)
     base_url = f"http://{settings.app.bind_host}:{settings.services.ingest_port}"
     client = OpenAI(base_url=f"{base_url}/v1", api_key=key, timeout=600)
-    aclient = AsyncOpenAI(base_url=f"{base_url}/v1", api_key=key, timeout=600)
+
+    def aclient() -> AsyncOpenAI:
+        # One per event loop: a client's connection pool belongs to the loop that opened it.
+        return AsyncOpenAI(base_url=f"{base_url}/v1", api_key=key, timeout=600)
+
     http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
     train, heldout = generate("train"), generate("heldout")[: args.heldout]
     console.print(f"1. replaying {len(train)} tickets through the gateway to {TEACHER_MODEL}")
-    asyncio.run(_replay(aclient, train))
+    asyncio.run(_replay(aclient(), train))
     console.print("2. building a dataset from the captured calls")
     dataset_id = _dataset(http, len(train))
     console.print(f"3. fine-tuning {BASE} on {dataset_id} (auto hyperparameters, auto-deploy)")
@@ -224,9 +228,9 @@ def _run(settings: Settings, args: argparse.Namespace, started_at: float) -> int
     http.post("/v1/deployments", json={"model": BASE}).raise_for_status()
     _deployed(http, BASE)
     scores = {
-        "base": asyncio.run(_score(aclient, BASE, heldout)),
-        "fine-tuned": asyncio.run(_score(aclient, name, heldout)),
-        "teacher": asyncio.run(_score(aclient, TEACHER_MODEL, heldout)),
+        "base": asyncio.run(_score(aclient(), BASE, heldout)),
+        "fine-tuned": asyncio.run(_score(aclient(), name, heldout)),
+        "teacher": asyncio.run(_score(aclient(), TEACHER_MODEL, heldout)),
     }
     _report(scores, name, job, time.monotonic() - started_at)
     if not args.keep:

@@ -62,15 +62,26 @@ def test_the_demo_task_on_cpu_trains_two_epochs_of_short_rows() -> None:
     assert "measured" in reasons["rows_per_step"]
 
 
-def test_a_time_budget_cuts_steps_and_evals_and_raises_the_short_run_rate() -> None:
+def test_a_time_budget_cuts_the_run_and_keeps_many_small_steps() -> None:
     full = plan(profile(400, json_share=1.0), CPU, **SMOL)
     fitted = plan(profile(400, json_share=1.0), CPU, **SMOL, user=UserChoices(max_duration_s=360))
-    assert fitted.steps < full.steps
     assert fitted.estimated_s <= 360 < full.estimated_s
     assert fitted.eval_points == 6
-    assert "max_duration_s 360" in fitted.reasons()["steps"]
-    if fitted.steps < MIN_STEPS:
-        assert fitted.trainer["hyperparameters"]["learning_rate"] == pytest.approx(3e-4)
+    # Four-row steps would leave under 100 of them: one-row steps, more of them, same time.
+    hp = fitted.trainer["hyperparameters"]
+    assert hp["micro_batch_size"] * hp["gradient_accumulation_steps"] == 1
+    assert fitted.steps >= MIN_STEPS
+    assert fitted.batch_size * fitted.steps < full.batch_size * full.steps  # fewer examples seen
+    reasons = fitted.reasons()
+    assert "max_duration_s 360" in reasons["steps"]
+    assert "one row a step" in reasons["rows_per_step"]
+
+
+def test_a_budget_too_small_for_the_floor_raises_the_short_run_rate() -> None:
+    fitted = plan(profile(400, json_share=1.0), CPU, **SMOL, user=UserChoices(max_duration_s=150))
+    assert fitted.steps < MIN_STEPS
+    assert fitted.trainer["hyperparameters"]["learning_rate"] == pytest.approx(3e-4)
+    assert "under 100 steps" in fitted.reasons()["learning_rate"]
 
 
 def test_a_tiny_dataset_gets_small_steps_then_more_epochs_to_reach_the_floor() -> None:
