@@ -170,8 +170,13 @@ async def delete_deployment(
 
 # --- internal: eval engines ---------------------------------------------------------------------
 
+# The services' own API (the evaluator's engines): never relayed by the gateway, and left out
+# of the OpenAPI document, which is for integrators (as the scheduler's trainer webhook is).
 internal = APIRouter(
-    prefix="/internal", tags=["internal"], dependencies=[Depends(auth.require_service)]
+    prefix="/internal",
+    tags=["internal"],
+    dependencies=[Depends(auth.require_service)],
+    include_in_schema=False,
 )
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
@@ -197,16 +198,23 @@ class Scheduler:
         await self.launch(job_id)
 
     def _claim(self, job_id: str, dataset_uri: str) -> JobRow | None:
+        """Take the job for planning once (a redelivered dataset.built finds it taken). The
+        status stays validating_files until the plan is saved with it: `queued` always comes
+        with its hyperparameters and decisions."""
         with session_scope(self.engine) as session:
-            row = session.get(JobRow, job_id)
-            if row is None or row.status != "validating_files":
-                return None
-            row.dataset_uri = dataset_uri
-            row.status = "queued"
-            session.add(row)
+            taken = session.execute(
+                sa.update(JobRow)
+                .where(
+                    col(JobRow.id) == job_id,
+                    col(JobRow.status) == "validating_files",
+                    col(JobRow.dataset_uri).is_(None),
+                )
+                .values(dataset_uri=dataset_uri)
+            )
             session.commit()
-            session.refresh(row)
-            return row
+            if taken.rowcount != 1:  # type: ignore[attr-defined]
+                return None
+            return session.get(JobRow, job_id)
 
     def _save_plan(self, job_id: str, document: dict[str, Any], eta: Any) -> None:
         with session_scope(self.engine) as session:
@@ -214,6 +222,8 @@ class Scheduler:
             assert row is not None
             row.plan = jobs.dumps(document)
             row.estimated_finish = eta
+            if row.status == "validating_files":  # not cancelled meanwhile
+                row.status = "queued"
             session.add(row)
             session.commit()
             for decision in document["decisions"]:
@@ -315,21 +325,30 @@ class Scheduler:
             )
 
     async def cancel(self, *, tenant: str, job_id: str) -> JobRow:
-        def running() -> list[AttemptRow]:
+        """Cancelled first, then the trainer signalled: the attempt poller, seeing the trainer
+        exit on the signal, must find a job that has ended, not one to fail."""
+
+        def mark() -> tuple[JobRow, list[AttemptRow]]:
             with session_scope(self.engine) as session:
                 row = jobs.get(session, tenant=tenant, job_id=job_id)
                 if row.status in TERMINAL:
                     raise JobError(
                         409, f"job {job_id} is already {row.status}", param="fine_tuning_job_id"
                     )
+                jobs.finish(row, "cancelled")
+                session.add(row)
+                session.commit()
+                jobs.add_event(session, job_id, "Job cancelled")
+                session.refresh(row)
                 attempts = session.exec(
                     select(AttemptRow).where(
                         AttemptRow.job_id == job_id, AttemptRow.state == "running"
                     )
                 ).all()
-                return list(attempts)
+                return row, list(attempts)
 
-        attempts = await asyncio.to_thread(running)
+        row, attempts = await asyncio.to_thread(mark)
+        await self.publish(JobCancelled(tenant=tenant, job_id=job_id, requested_by="api"))
         for attempt in attempts:
             handle = Handle(attempt.provider, attempt.ref, attempt.work_dir)
             status = await asyncio.to_thread(
@@ -338,20 +357,7 @@ class Scheduler:
             await asyncio.to_thread(
                 self._end_attempt, attempt.id, "cancelled", status.returncode, status.reason
             )
-
-        def mark() -> JobRow:
-            with session_scope(self.engine) as session:
-                current = jobs.get(session, tenant=tenant, job_id=job_id)
-                jobs.finish(current, "cancelled")
-                session.add(current)
-                session.commit()
-                jobs.add_event(session, job_id, "Job cancelled")
-                session.refresh(current)
-                return current
-
-        done = await asyncio.to_thread(mark)
-        await self.publish(JobCancelled(tenant=tenant, job_id=job_id, requested_by="api"))
-        return done
+        return row
 
     def _end_attempt(
         self, attempt_id: str, state: str, returncode: int | None, reason: str
