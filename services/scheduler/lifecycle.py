@@ -217,15 +217,8 @@ class Scheduler:
             return session.get(JobRow, job_id)
 
     def _save_plan(self, job_id: str, document: dict[str, Any], eta: Any) -> None:
+        # The events first: a job seen `queued` already shows every decision and its plan.
         with session_scope(self.engine) as session:
-            row = session.get(JobRow, job_id)
-            assert row is not None
-            row.plan = jobs.dumps(document)
-            row.estimated_finish = eta
-            if row.status == "validating_files":  # not cancelled meanwhile
-                row.status = "queued"
-            session.add(row)
-            session.commit()
             for decision in document["decisions"]:
                 jobs.add_event(
                     session,
@@ -239,6 +232,14 @@ class Scheduler:
                 f"Planned {document['steps']} steps, evaluations every {document['eval_every']} "
                 f"steps on {document['eval_items']} items; about {document['estimated_s']:.0f} s",
             )
+            row = session.get(JobRow, job_id)
+            assert row is not None
+            row.plan = jobs.dumps(document)
+            row.estimated_finish = eta
+            if row.status == "validating_files":  # not cancelled meanwhile
+                row.status = "queued"
+            session.add(row)
+            session.commit()
 
     async def launch(self, job_id: str) -> None:
         attempt_id = f"attempt-{uuid.uuid4().hex[:12]}"
