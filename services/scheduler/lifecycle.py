@@ -55,6 +55,7 @@ from shared.storage import ObjectStore, parse_uri
 
 log = logging.getLogger("tuneloop.scheduler")
 Publish = Callable[[Event], Awaitable[None]]
+EvalEvent = BaseScored | EvalCompleted | BestCheckpointChanged | EvalDecided
 
 
 @dataclass
@@ -110,7 +111,7 @@ class Scheduler:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         elif dataset.status == "failed":
-            await self._fail(
+            await self.fail(
                 row.id,
                 "invalid_training_file",
                 f"dataset {dataset.id} failed to build",
@@ -124,7 +125,7 @@ class Scheduler:
 
     async def on_dataset_failed(self, event: DatasetBuildFailed) -> None:
         for job_id in await asyncio.to_thread(self._waiting_for, event.tenant, event.dataset_id):
-            await self._fail(job_id, "invalid_training_file", event.reason, "training_file")
+            await self.fail(job_id, "invalid_training_file", event.reason, "training_file")
 
     def _waiting_for(self, tenant: str, dataset_id: str) -> list[str]:
         with session_scope(self.engine) as session:
@@ -157,7 +158,7 @@ class Scheduler:
             )
             result, document = planning.plan_job(job, meta, train, n_eval, device)
         except Exception as exc:
-            await self._fail(
+            await self.fail(
                 job_id,
                 "invalid_training_file",
                 f"the dataset cannot be trained on: {exc}",
@@ -243,7 +244,7 @@ class Scheduler:
 
     async def launch(self, job_id: str) -> None:
         attempt_id = f"attempt-{uuid.uuid4().hex[:12]}"
-        job = await asyncio.to_thread(self._job, job_id)
+        job = await asyncio.to_thread(self.job, job_id)
         if job.status in TERMINAL:
             return
         work_dir = self._work_dir() / job.id / attempt_id
@@ -297,7 +298,7 @@ class Scheduler:
     def _work_dir(self) -> Path:
         return self.settings.work_dir or (self.data_dir / "jobs")
 
-    def _job(self, job_id: str) -> JobRow:
+    def job(self, job_id: str) -> JobRow:
         with session_scope(self.engine) as session:
             row = session.get(JobRow, job_id)
             if row is None:
@@ -306,7 +307,7 @@ class Scheduler:
 
     # --- ending -----------------------------------------------------------------------------
 
-    async def _fail(self, job_id: str, code: str, message: str, param: str | None = None) -> None:
+    async def fail(self, job_id: str, code: str, message: str, param: str | None = None) -> None:
         def fail() -> JobRow | None:
             with session_scope(self.engine) as session:
                 row = session.get(JobRow, job_id)
@@ -384,14 +385,14 @@ class Scheduler:
             await asyncio.to_thread(
                 self._end_attempt, attempt.id, status.state, status.returncode, status.reason
             )
-            job = await asyncio.to_thread(self._job, attempt.job_id)
+            job = await asyncio.to_thread(self.job, attempt.job_id)
             if job.status in TERMINAL or (status.state == "exited" and status.returncode == 0):
                 continue  # ended as reported (completed, failed, cancelled)
             if status.state == "lost":
-                await self._fail(job.id, "lost", f"attempt {attempt.id}: {status.reason}")
+                await self.fail(job.id, "lost", f"attempt {attempt.id}: {status.reason}")
             else:
                 tail = self.provider.logs(handle, tail_bytes=600).strip().splitlines()[-3:]
-                await self._fail(
+                await self.fail(
                     job.id, "trainer_exited", f"the trainer {status.reason}: {' / '.join(tail)}"
                 )
 
@@ -401,14 +402,10 @@ class Scheduler:
 
     # --- what the evaluator and the hoster decided -------------------------------------------
 
-    async def on_eval(
-        self, event: BaseScored | EvalCompleted | BestCheckpointChanged | EvalDecided
-    ) -> None:
+    async def on_eval(self, event: EvalEvent) -> None:
         await asyncio.to_thread(self._record_eval, event)
 
-    def _record_eval(
-        self, event: BaseScored | EvalCompleted | BestCheckpointChanged | EvalDecided
-    ) -> None:
+    def _record_eval(self, event: EvalEvent) -> None:
         with session_scope(self.engine) as session:
             job = session.get(JobRow, event.job_id)
             if job is None or job.tenant != event.tenant:
@@ -479,7 +476,7 @@ class Scheduler:
 def _eval_message(
     session: Session,
     job: JobRow,
-    event: BaseScored | EvalCompleted | BestCheckpointChanged | EvalDecided,
+    event: EvalEvent,
 ) -> tuple[str, dict[str, Any]]:
     if isinstance(event, BaseScored):
         job.base_score = event.score

@@ -47,7 +47,7 @@ def read_snapshot(store: ObjectStore, uri: str) -> tuple[dict[str, Any], list[Sa
     return meta, train, n_eval
 
 
-def user_choices(job: JobRow, device: Throughput) -> UserChoices:
+def user_choices(job: JobRow) -> UserChoices:
     request = json.loads(job.request)
     method = request.get("method") or {}
     hyper = (
@@ -79,7 +79,7 @@ def plan_job(
         device,
         params=entry.parameters,
         context_len=entry.context_length,
-        user=user_choices(job, device),
+        user=user_choices(job),
     )
     eval_items = min(n_eval, device.eval_items)
     document = {

@@ -46,7 +46,7 @@ class ReportReceiver:
         self.tolerance_s = tolerance_s
 
     async def receive(self, job_id: str, headers: Mapping[str, str], body: bytes) -> None:
-        job = await asyncio.to_thread(self.scheduler._job, job_id)
+        job = await asyncio.to_thread(self.scheduler.job, job_id)
         master = self.scheduler.settings.webhook_secret.get_secret_value()
         try:
             verify(
@@ -70,7 +70,7 @@ class ReportReceiver:
 
     async def apply(self, job: JobRow, report: TrainerReport) -> None:
         if isinstance(report, FailedReport):
-            await self.scheduler._fail(job.id, report.reason, report.message)
+            await self.scheduler.fail(job.id, report.reason, report.message)
             return
         if job.status in TERMINAL:
             return  # a cancelled job's trainer may still be saying goodbye
@@ -121,24 +121,21 @@ class ReportReceiver:
                 **report.model_dump(include=_PROGRESS_FIELDS),
             )
         )
-        data = {
-            "step": report.step,
-            "train_loss": report.loss,
-            "learning_rate": report.learning_rate,
-        }
+        await asyncio.to_thread(
+            self._note,
+            job.id,
+            f"Step {report.step}/{report.total_steps}: training loss={report.loss:.4f}",
+            report.report_id,
+            {"step": report.step, "train_loss": report.loss, "learning_rate": report.learning_rate},
+        )
 
-        def record() -> None:
-            with session_scope(self.scheduler.engine) as session:
-                jobs.add_event(
-                    session,
-                    job.id,
-                    f"Step {report.step}/{report.total_steps}: training loss={report.loss:.4f}",
-                    type="metrics",
-                    data=data,
-                    event_id=report.report_id,
-                )
-
-        await asyncio.to_thread(record)
+    def _note(
+        self, job_id: str, message: str, event_id: str, data: dict[str, float] | None = None
+    ) -> None:
+        """One job event for a report, keyed by the report's id (a retry writes nothing)."""
+        with session_scope(self.scheduler.engine) as session:
+            kind = "metrics" if data is not None else "message"
+            jobs.add_event(session, job_id, message, type=kind, data=data, event_id=event_id)
 
     async def _checkpoint(self, job: JobRow, report: CheckpointSavedReport) -> None:
         await self.scheduler.publish(
