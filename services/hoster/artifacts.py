@@ -1,26 +1,20 @@
-"""Checkpoints into servable model directories: pull from object storage (every file's sha256
-checked against the committed manifest), then merge a LoRA adapter into its catalogue base.
-
-`transformers serve` loads model directories only (a PEFT adapter dir gives a 500), so a
-checkpoint is served merged: merge_and_unload onto the base, saved in the base's dtype.
+"""Checkpoints onto local disk for the engines: pull from object storage (every file's sha256
+checked against the committed manifest); the base a LoRA adapter names (a catalogue id) found in
+the catalogue. Nothing is merged: the LoRA engine loads adapters onto its base as they are.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import threading
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from services.hoster.errors import ArtifactFailed, BadRequest
 from shared.catalogue import CatalogueError, is_model_id, locate, tenant_prefix
 from shared.storage import COMMIT_MARKER, ObjectNotFound, ObjectStore, StorageError, parse_uri
 
 ADAPTER_CONFIG = "adapter_config.json"
-_merge_lock = threading.Lock()  # one merge at a time: each holds a whole model in memory
 
 
 @dataclass(frozen=True)
@@ -96,63 +90,20 @@ def base_of(model_dir: Path, *, data_dir: Path) -> Path | None:
         raise ArtifactFailed(str(exc)) from None
 
 
-def servable(pulled: Pulled, dest: Path, *, data_dir: Path, threads: int) -> Path:
-    """A model directory at dest that `transformers serve` loads: the adapter merged into its base,
-    or the full model linked. Written beside dest and renamed, so a half-written one never serves."""
-    if (dest / "config.json").is_file():
-        return dest
-    base = base_of(pulled.model_dir, data_dir=data_dir)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if base is None:
-        dest.symlink_to(pulled.model_dir.resolve(), target_is_directory=True)
-        return dest
-    tmp = dest.with_name(f".{uuid.uuid4().hex}.partial")
-    try:
-        merge(base, pulled.model_dir, tmp, threads=threads)
-        tmp.replace(dest)
-    except Exception as exc:  # torch/peft raise many kinds; the caller gets one
-        raise ArtifactFailed(f"merging {pulled.model_dir}: {exc!r}") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+def link_model(model_dir: Path, dest: Path) -> Path:
+    """A whole model's directory linked at dest, where `transformers serve` resolves its name."""
+    if not dest.exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.symlink_to(model_dir.resolve(), target_is_directory=True)
     return dest
 
 
-def preload() -> None:
-    """Import torch, transformers and peft now: imported on the first merge, in a worker
-    thread, their seconds of import hold the GIL and starve the service's event loop (the bus
-    consumers' fetches time out)."""
-    import peft  # noqa: F401
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
-
-
-def merge(base_dir: Path, adapter_dir: Path, dest: Path, *, threads: int) -> None:
-    """peft's merge_and_unload of the adapter onto the base, saved with the adapter's tokenizer
-    (it carries the chat template the model was trained with)."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    with _merge_lock:
-        torch.set_num_threads(threads)
-        base: Any = AutoModelForCausalLM.from_pretrained(base_dir, dtype="auto")
-        merged: Any = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
-        merged.save_pretrained(dest, safe_serialization=True)
-        tokenizer_dir = (
-            adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else base_dir
-        )
-        AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(dest)
-
-
-def link_base(base_id: str, models_dir: Path, *, data_dir: Path) -> None:
-    """The catalogue base in an engine's models dir, under its catalogue id."""
+def base_dir(base_id: str, *, data_dir: Path) -> Path:
+    """The prepared local directory of a catalogue base; BadRequest naming `model` otherwise."""
     try:
-        local = Path(locate(base_id, data_dir=data_dir))
+        local = locate(base_id, data_dir=data_dir)
     except CatalogueError as exc:
-        raise BadRequest(str(exc)) from None
-    if local.as_posix().startswith("s3://"):
-        raise BadRequest(f"base_model: {base_id} is not prepared on this machine")
-    link = models_dir / base_id
-    if not link.exists():
-        models_dir.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(local.resolve(), target_is_directory=True)
+        raise BadRequest(str(exc).replace("base_model:", "model:", 1)) from None
+    if local.startswith("s3://"):
+        raise BadRequest(f"model: {base_id} is not prepared on this machine; run `make model`")
+    return Path(local).resolve()

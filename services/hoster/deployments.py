@@ -1,10 +1,11 @@
 """Deployments: a registered version served by an engine of its own that answers to the version's
-`ft:` name (the name is the engine's pinned model directory), warmed up before it is ready. A
-catalogue base deploys the same way under its catalogue id (its prepared directory, no version).
+`ft:` name, warmed up before it is ready. A LoRA version runs on a `LoraEngine` of its base with
+the adapter loaded under that name (no merge); a full fine-tune's model on `transformers serve`,
+pinned to it. A catalogue base deploys under its catalogue id on a `LoraEngine` of its own.
 
 The table holds the desired state. At start-up a pending or ready deployment whose engine is gone
-is started again (its merged weights are kept on disk per version, so that is a restart, not a
-re-merge); a live one is adopted.
+is started again (the pulled checkpoint is kept on disk per version, so that is a restart, not a
+download); a live one is adopted.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from sqlmodel import col, select
 from services.hoster import artifacts, registry
 from services.hoster.config import HosterSettings
 from services.hoster.engines import Engine, EngineSpec
-from services.hoster.errors import BadRequest, Conflict, HosterError, NotFound
+from services.hoster.errors import Conflict, HosterError, NotFound
 from services.hoster.models import Deployment, ModelVersion
-from shared.catalogue import CATALOGUE, CatalogueError, locate
+from shared.catalogue import CATALOGUE
 from shared.db import session_scope, utcnow
 from shared.storage import ObjectStore
 
@@ -79,12 +80,7 @@ class Deployments:
     def _request_base(self, tenant: str, base_id: str) -> tuple[Deployment, bool]:
         """A catalogue base, served under its catalogue id by the tenant's own engine (so the
         gateway's (tenant, name) routing and the deployment's lifetime work as for versions)."""
-        try:  # refused now, not as a failed deployment later
-            where = locate(base_id, data_dir=self.data_dir)
-        except CatalogueError as exc:
-            raise BadRequest(str(exc).replace("base_model:", "model:", 1)) from None
-        if where.startswith("s3://"):
-            raise BadRequest(f"model: {base_id} is not prepared on this machine; run `make model`")
+        artifacts.base_dir(base_id, data_dir=self.data_dir)  # refused now, not failed later
         with session_scope(self.database) as session:
             active = session.exec(
                 select(Deployment).where(
@@ -126,7 +122,7 @@ class Deployments:
 
     # -- work (blocking: run in a thread) -----------------------------------------------------
     def launch(self, deployment_id: str) -> Deployment:
-        """Pull + verify, merge, start the engine, warm it up; the deployment ready or failed."""
+        """Pull + verify, start the engine, warm it up; the deployment ready or failed."""
         with session_scope(self.database) as session:
             deployment = session.get(Deployment, deployment_id)
             version_id = deployment.version_id if deployment else None
@@ -151,42 +147,34 @@ class Deployments:
         )
 
     def _start(self, deployment: Deployment, version: ModelVersion | None) -> Engine:
-        spec = EngineSpec(
-            engine_id=deployment.id,
-            work_dir=self.root / "deployments" / deployment.id,
-            pinned=deployment.served_model_name,
-        )
-        engine = self.factory(spec, None)
-        if version is None:  # a catalogue base: its prepared directory, as it is
-            artifacts.link_base(
-                deployment.served_model_name, engine.models_dir, data_dir=self.data_dir
-            )
-        else:
-            self._link_version(version, engine.models_dir)
+        engine = self.factory(self._spec(deployment, version), None)
         self._engines[deployment.id] = engine
         engine.start()
         engine.warm_up(deployment.served_model_name)
         return engine
 
-    def _link_version(self, version: ModelVersion, models_dir: Path) -> None:
-        merged = self.merged_dir(version)
-        if not (merged / "config.json").is_file():
-            pulled = artifacts.pull(
-                self.store,
-                version.checkpoint_uri,
-                self.root / "versions" / version.id / "checkpoint",
-                expect_sha256=version.sha256,
+    def _spec(self, deployment: Deployment, version: ModelVersion | None) -> EngineSpec:
+        work_dir = self.root / "deployments" / deployment.id
+        name = deployment.served_model_name
+        if version is None:  # a catalogue base: its prepared directory, as it is
+            base_dir = artifacts.base_dir(name, data_dir=self.data_dir)
+            return EngineSpec(
+                deployment.id, work_dir, pinned=name, base_name=name, base_dir=base_dir
             )
-            artifacts.servable(
-                pulled, merged, data_dir=self.data_dir, threads=self.settings.engine_threads
-            )
-        link = models_dir / version.name
-        if not link.exists():
-            models_dir.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(merged.resolve(), target_is_directory=True)
-
-    def merged_dir(self, version: ModelVersion) -> Path:
-        return self.root / "versions" / version.id / "merged"
+        pulled = artifacts.pull(
+            self.store,
+            version.checkpoint_uri,
+            self.root / "versions" / version.id / "checkpoint",
+            expect_sha256=version.sha256,
+        )
+        adapter_base = artifacts.base_of(pulled.model_dir, data_dir=self.data_dir)
+        if adapter_base is None:  # a whole model: transformers serve, pinned to it
+            artifacts.link_model(pulled.model_dir, work_dir / "models" / name)
+            return EngineSpec(deployment.id, work_dir, pinned=name)
+        return EngineSpec(
+            deployment.id, work_dir, pinned=name, base_name=version.base_model,
+            base_dir=adapter_base.resolve(), models={name: pulled.model_dir.resolve()},
+        )  # fmt: skip
 
     def stop(self, tenant: str, deployment_id: str) -> Deployment:
         self.get(tenant, deployment_id)  # 404 for another tenant's
@@ -203,6 +191,7 @@ class Deployments:
             active = session.exec(select(Deployment).where(col(Deployment.status).in_(ACTIVE)))
             rows = list(active.all())
         for deployment in rows:
+            # Adopting needs only the pid and port (alive, healthy, stop), whatever the kind.
             spec = EngineSpec(
                 engine_id=deployment.id,
                 work_dir=self.root / "deployments" / deployment.id,

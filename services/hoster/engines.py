@@ -1,10 +1,15 @@
-"""Inference engines as subprocesses: `transformers serve --continuous-batching` on CPU, behind an
-`Engine` Protocol that a vLLM adapter implements later.
+"""Inference engines as subprocesses behind an `Engine` Protocol that a vLLM adapter implements
+later. Two on CPU:
 
-An engine serves the model directories in its working directory, each under the name a client
-sends: `transformers serve` resolves a request's `model` as a local path first, so a directory
-named `ft:SmolLM2-135M-Instruct:sfx:ftjob-x` (colons are valid in POSIX names) is what answers to
-that name. No proxy rewrites model names. Blocking calls; the service runs them in threads.
+- `LoraEngine` (services/hoster/lora_engine.py): one base in memory, LoRA checkpoints loaded onto
+  it by name (`load_model`), swapped in well under a second. Eval engines and the deployments of
+  LoRA versions and catalogue bases run it.
+- `TransformersServe`: `transformers serve --continuous-batching`, for a full fine-tune's model
+  directory. It serves the model directories in its working directory, each under the name a
+  client sends (it resolves a request's `model` as a local path first, so a directory named
+  `ft:SmolLM2-135M-Instruct:sfx:ftjob-x` answers to that name; colons are valid in POSIX names).
+
+No proxy rewrites model names. Blocking calls; the service runs them in threads.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -60,12 +65,17 @@ class Engine(Protocol):
 
 @dataclass
 class EngineSpec:
-    """What an engine serves: any model in its directory, or one model it preloads (`pinned`)."""
+    """What an engine serves. With `base_dir`: a `LoraEngine` of that base (answering to
+    `base_name`) that loads `models` (name -> directory) at start. Without: `transformers serve`
+    of any model in its directory. Either answers to `pinned` alone when it is set."""
 
     engine_id: str
     work_dir: Path
     pinned: str | None = None
     port: int | None = None
+    base_name: str | None = None
+    base_dir: Path | None = None
+    models: dict[str, Path] = field(default_factory=dict)
 
 
 def free_port(host: str) -> int:
@@ -74,8 +84,8 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
-class TransformersServe:
-    """One `transformers serve --continuous-batching` process (CPU; streams; OpenAI API)."""
+class EngineProcess:
+    """An engine subprocess speaking the OpenAI API: start, health, warm-up, stop."""
 
     def __init__(self, spec: EngineSpec, settings: HosterSettings, pid: int | None = None) -> None:
         self.spec, self.settings = spec, settings
@@ -98,17 +108,12 @@ class TransformersServe:
         return self._process.pid if self._process is not None else self._adopted_pid
 
     def argv(self) -> list[str]:
-        settings = self.settings
-        argv = [sys.executable, "-m", "transformers.cli.transformers", "serve"]
-        argv += ["--continuous-batching", "--host", settings.engine_bind_host]
-        argv += ["--port", str(self.port), "--log-level", "warning"]
-        argv += ["--cb-num-blocks", str(settings.engine_cache_blocks)]
-        argv += ["--cb-max-batch-tokens", str(settings.engine_max_batch_tokens)]
-        if self.spec.pinned is None:
-            argv += ["--model-timeout", str(settings.eval_model_idle_s)]
-        else:
-            argv.append(self.spec.pinned)  # preloaded; resolved in models_dir (the cwd)
-        return argv
+        raise NotImplementedError
+
+    @property
+    def load_timeout_s(self) -> float:
+        """How long start waits beyond the server's start for models loaded before it listens."""
+        return 0.0
 
     def env(self) -> dict[str, str]:
         threads = str(self.settings.engine_threads)
@@ -124,7 +129,7 @@ class TransformersServe:
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
                 self.argv(),
-                cwd=self.models_dir,
+                cwd=self.models_dir,  # where transformers serve resolves model names
                 env=self.env(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -134,11 +139,7 @@ class TransformersServe:
         self._adopted_pid = None
         # Who to stop if this hoster dies without stopping it (see `stop_leftovers`).
         (self.spec.work_dir / PID_FILE).write_text(str(self._process.pid))
-        # A pinned engine loads its model before it serves, so it waits as long as a load.
-        timeout = self.settings.engine_start_timeout_s
-        if self.spec.pinned is not None:
-            timeout += self.settings.engine_load_timeout_s
-        self._wait_ready(timeout)
+        self._wait_ready(self.settings.engine_start_timeout_s + self.load_timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -205,7 +206,83 @@ class TransformersServe:
             return "(no log)"
 
 
-def _wait_gone(engine: TransformersServe, timeout_s: float) -> bool:
+class TransformersServe(EngineProcess):
+    """One `transformers serve --continuous-batching` process (CPU; streams; OpenAI API)."""
+
+    def argv(self) -> list[str]:
+        settings = self.settings
+        argv = [sys.executable, "-m", "transformers.cli.transformers", "serve"]
+        argv += ["--continuous-batching", "--host", settings.engine_bind_host]
+        argv += ["--port", str(self.port), "--log-level", "warning"]
+        argv += ["--cb-num-blocks", str(settings.engine_cache_blocks)]
+        argv += ["--cb-max-batch-tokens", str(settings.engine_max_batch_tokens)]
+        if self.spec.pinned is None:
+            argv += ["--model-timeout", str(settings.eval_model_idle_s)]
+        else:
+            argv.append(self.spec.pinned)  # preloaded; resolved in models_dir (the cwd)
+        return argv
+
+    @property
+    def load_timeout_s(self) -> float:
+        # A pinned engine loads its model before it serves, so it waits as long as a load.
+        return self.settings.engine_load_timeout_s if self.spec.pinned is not None else 0.0
+
+
+class LoraEngine(EngineProcess):
+    """One `services.hoster.lora_engine` process: a base and the checkpoints loaded onto it."""
+
+    def argv(self) -> list[str]:
+        settings, spec = self.settings, self.spec
+        if spec.base_dir is None or spec.base_name is None:
+            raise ValueError(f"engine {self.engine_id}: a LoraEngine needs base_dir and base_name")
+        argv = [sys.executable, "-m", "services.hoster.lora_engine"]
+        argv += ["--base", str(spec.base_dir), "--base-name", spec.base_name]
+        argv += ["--host", settings.engine_bind_host, "--port", str(self.port)]
+        argv += ["--threads", str(settings.engine_threads)]
+        argv += ["--cache-blocks", str(settings.engine_cache_blocks)]
+        argv += ["--max-batch-tokens", str(settings.engine_max_batch_tokens)]
+        for name, path in spec.models.items():
+            argv += ["--model", f"{name}={path}"]
+        if spec.pinned is not None:
+            argv += ["--pinned", spec.pinned]
+        return argv
+
+    @property
+    def load_timeout_s(self) -> float:
+        return self.settings.engine_load_timeout_s  # the base loads before the server listens
+
+    def load_model(self, name: str, path: Path) -> None:
+        """Serve the checkpoint at path (a LoRA adapter or a whole model) under name."""
+        self._internal("POST", "/models", {"name": name, "path": str(path)})
+
+    def unload_model(self, name: str) -> None:
+        self._internal("DELETE", f"/models/{name}", None)
+
+    def _internal(self, method: str, path: str, body: dict[str, str] | None) -> None:
+        url = f"{self.base_url.removesuffix('/v1')}{path}"
+        try:
+            response = httpx.request(
+                method, url, json=body, timeout=self.settings.engine_load_timeout_s
+            )
+        except httpx.HTTPError as exc:
+            raise EngineFailed(f"engine {self.engine_id}: {method} {path}: {exc!r}") from None
+        gone = method == "DELETE" and response.status_code == 404  # what was asked for
+        if response.status_code >= 300 and not gone:
+            raise EngineFailed(
+                f"engine {self.engine_id}: {method} {path} answered {response.status_code}: "
+                f"{response.text[:500]}"
+            )
+
+
+def make_engine(spec: EngineSpec, settings: HosterSettings, pid: int | None = None) -> Engine:
+    """The engine a spec asks for: a LoraEngine for a base and its checkpoints, else
+    `transformers serve`. pid: a running engine a previous hoster started, to adopt."""
+    if spec.base_dir is not None:
+        return LoraEngine(spec, settings, pid=pid)
+    return TransformersServe(spec, settings, pid=pid)
+
+
+def _wait_gone(engine: EngineProcess, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if engine._process is not None:
@@ -221,12 +298,13 @@ def _wait_gone(engine: TransformersServe, timeout_s: float) -> bool:
 
 
 def is_engine_process(pid: int) -> bool:
-    """Whether pid runs `transformers serve` (a pid from a file may have been reused since)."""
+    """Whether pid runs one of our engines (a pid from a file may have been reused since)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return b"transformers" in cmdline and b"serve" in cmdline
+    lora = b"services.hoster.lora_engine" in cmdline
+    return lora or (b"transformers" in cmdline and b"serve" in cmdline)
 
 
 def stop_leftovers(root: Path) -> list[int]:

@@ -1,5 +1,7 @@
 """Eval engines: one warm engine per (tenant, job, base model) that the evaluator asks for over the
-internal API, with each checkpoint merged and loaded into it under its own model name.
+internal API. It holds the base (for the base score) and loads each checkpoint onto it under its
+own model name, in under a second for a LoRA adapter (`LoraEngine`); the checkpoint scored before
+is unloaded, as the evaluator scores one point at a time.
 
 They live in this process's memory: a restarted hoster stops the ones it left behind
 (`engines.stop_leftovers`) and the evaluator asks again (`open` is idempotent).
@@ -18,13 +20,13 @@ from pathlib import Path
 
 from services.hoster import artifacts
 from services.hoster.config import HosterSettings
-from services.hoster.engines import Engine, EngineSpec, stop_leftovers
+from services.hoster.engines import EngineSpec, LoraEngine, stop_leftovers
 from services.hoster.errors import BadRequest, NotFound
 from shared.catalogue import CATALOGUE
 from shared.storage import ObjectStore
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-EngineFactory = Callable[[EngineSpec], Engine]
+EngineFactory = Callable[[EngineSpec], LoraEngine]
 
 
 @dataclass
@@ -32,7 +34,7 @@ class EvalEngine:
     tenant: str
     job_id: str
     base_model: str
-    engine: Engine
+    engine: LoraEngine
     models: dict[int, str] = field(default_factory=dict)  # step -> served model name
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -89,8 +91,9 @@ class EvalEngines:
 
     def _start(self, tenant: str, job_id: str, base_model: str) -> EvalEngine:
         engine_id = f"eng-{uuid.uuid4().hex[:16]}"
-        engine = self.factory(EngineSpec(engine_id=engine_id, work_dir=self.root / engine_id))
-        artifacts.link_base(base_model, engine.models_dir, data_dir=self.data_dir)
+        base_dir = artifacts.base_dir(base_model, data_dir=self.data_dir)
+        spec = EngineSpec(engine_id, self.root / engine_id, base_name=base_model, base_dir=base_dir)
+        engine = self.factory(spec)
         engine.start()
         entry = EvalEngine(tenant, job_id, base_model, engine)
         with self._lock:
@@ -106,24 +109,25 @@ class EvalEngines:
         return entry
 
     def add_checkpoint(self, engine_id: str, uri: str, step: int) -> str:
-        """Pull, verify and merge the checkpoint into the engine, load it; its model name."""
+        """Pull and verify the checkpoint, load it into the engine (unloading the one scored
+        before); its model name."""
         entry = self.get(engine_id)
         uri = artifacts.check_uri(uri, tenant=entry.tenant, bucket=self.store.bucket)
         name = checkpoint_model_name(entry.job_id, step)
         with entry.lock:
             if step not in entry.models:
-                work = entry.engine.models_dir.parent
-                pulled = artifacts.pull(self.store, uri, work / "pulls" / f"step-{step}")
-                artifacts.servable(
-                    pulled,
-                    entry.engine.models_dir / name,
-                    data_dir=self.data_dir,
-                    threads=self.settings.engine_threads,
-                )
-                shutil.rmtree(pulled.root, ignore_errors=True)  # merged; the adapter is not needed
+                pulled = artifacts.pull(self.store, uri, self._pull_dir(entry, step))
+                entry.engine.load_model(name, pulled.model_dir)
+                for earlier in [s for s in entry.models if s != step]:
+                    entry.engine.unload_model(entry.models.pop(earlier))
+                    shutil.rmtree(self._pull_dir(entry, earlier), ignore_errors=True)
                 entry.models[step] = name
         entry.engine.warm_up(name)
         return name
+
+    @staticmethod
+    def _pull_dir(entry: EvalEngine, step: int) -> Path:
+        return entry.engine.models_dir.parent / "pulls" / f"step-{step}"
 
     def close(self, engine_id: str) -> None:
         with self._lock:

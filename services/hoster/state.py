@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine as Database
 from services.hoster import artifacts, registry
 from services.hoster.config import HosterSettings
 from services.hoster.deployments import Deployments
-from services.hoster.engines import Engine, EngineSpec, TransformersServe
+from services.hoster.engines import Engine, EngineSpec, LoraEngine, make_engine
 from services.hoster.errors import ArtifactFailed
 from services.hoster.eval_engines import EvalEngines
 from services.hoster.models import Deployment
@@ -42,14 +42,16 @@ class Hoster:
     @classmethod
     def build(cls, settings: Settings, database: Database, publish: Publish) -> Hoster:
         hoster_settings = HosterSettings()
-        artifacts.preload()  # before any event loop runs
         store = ObjectStore.from_settings(settings.s3)
         data_dir = settings.app.data_dir.resolve()
 
         def serve(spec: EngineSpec, pid: int | None = None) -> Engine:
-            return TransformersServe(spec, hoster_settings, pid=pid)
+            return make_engine(spec, hoster_settings, pid=pid)
 
-        evals = EvalEngines(settings=hoster_settings, data_dir=data_dir, store=store, factory=serve)
+        def lora(spec: EngineSpec) -> LoraEngine:
+            return LoraEngine(spec, hoster_settings)
+
+        evals = EvalEngines(settings=hoster_settings, data_dir=data_dir, store=store, factory=lora)
         deployments = Deployments(
             settings=hoster_settings,
             data_dir=data_dir,

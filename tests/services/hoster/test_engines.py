@@ -11,7 +11,14 @@ import pytest
 
 from services.hoster.artifacts import check_uri
 from services.hoster.config import HosterSettings
-from services.hoster.engines import PID_FILE, EngineSpec, TransformersServe, stop_leftovers
+from services.hoster.engines import (
+    PID_FILE,
+    EngineSpec,
+    LoraEngine,
+    TransformersServe,
+    make_engine,
+    stop_leftovers,
+)
 from services.hoster.errors import BadRequest
 from shared.processes import pid_alive
 
@@ -40,6 +47,28 @@ def test_a_deployment_engine_pins_its_served_name(tmp_path: Path) -> None:
     assert "--model-timeout" not in argv
     assert engine.env()["OMP_NUM_THREADS"] == "2"
     assert engine.base_url == "http://127.0.0.1:5555/v1"  # reachable, not the wildcard
+
+
+def test_a_lora_engine_loads_its_base_and_checkpoints_at_start(tmp_path: Path) -> None:
+    settings = HosterSettings(engine_threads=1, engine_cache_blocks=32)
+    name = "ft:SmolLM2-135M-Instruct:sfx:ftjob-x"
+    spec = EngineSpec(
+        "dep-2", tmp_path, base_name="SmolLM2-135M-Instruct", base_dir=tmp_path / "base",
+        models={name: tmp_path / "ckpt"},
+    )  # fmt: skip
+    engine = make_engine(spec, settings)
+    assert isinstance(engine, LoraEngine)
+    argv = engine.argv()
+    assert argv[1:3] == ["-m", "services.hoster.lora_engine"]
+    assert argv[argv.index("--base") + 1] == str(tmp_path / "base")
+    assert argv[argv.index("--base-name") + 1] == "SmolLM2-135M-Instruct"
+    assert argv[argv.index("--model") + 1] == f"{name}={tmp_path / 'ckpt'}"
+    assert argv[argv.index("--threads") + 1] == "1"
+    assert argv[argv.index("--cache-blocks") + 1] == "32"
+    assert engine.load_timeout_s == settings.engine_load_timeout_s  # the base loads first
+    assert isinstance(
+        make_engine(EngineSpec("dep-3", tmp_path, pinned=name), settings), TransformersServe
+    )
 
 
 def test_engines_a_killed_hoster_left_are_stopped_at_start_up(tmp_path: Path) -> None:
