@@ -21,6 +21,9 @@ class HosterSettings(BaseSettings):
     # 64 blocks hold 16k tokens (~0.75 GB for SmolLM2-135M in fp32): 8 requests of 2k tokens.
     engine_cache_blocks: int = Field(default=64, ge=1)
     engine_max_batch_tokens: int = Field(default=2048, ge=64)
+    # Requests one LoRA-engine batch holds: an eval point's items and a demo comparison's
+    # requests decode together (a padded batch of 16-32 on CPU; docs/hoster.md).
+    engine_max_batch: int = Field(default=32, ge=1)
     # Engines listen on loopback; a multi-machine set-up binds them where the gateway and the
     # evaluator can reach them (0.0.0.0 or the host's address) and names that in engine_host.
     engine_bind_host: str = "127.0.0.1"

@@ -239,8 +239,7 @@ class LoraEngine(EngineProcess):
         argv += ["--base", str(spec.base_dir), "--base-name", spec.base_name]
         argv += ["--host", settings.engine_bind_host, "--port", str(self.port)]
         argv += ["--threads", str(settings.engine_threads)]
-        argv += ["--cache-blocks", str(settings.engine_cache_blocks)]
-        argv += ["--max-batch-tokens", str(settings.engine_max_batch_tokens)]
+        argv += ["--max-batch", str(settings.engine_max_batch)]
         for name, path in spec.models.items():
             argv += ["--model", f"{name}={path}"]
         if spec.pinned is not None:

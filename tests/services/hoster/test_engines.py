@@ -50,7 +50,7 @@ def test_a_deployment_engine_pins_its_served_name(tmp_path: Path) -> None:
 
 
 def test_a_lora_engine_loads_its_base_and_checkpoints_at_start(tmp_path: Path) -> None:
-    settings = HosterSettings(engine_threads=1, engine_cache_blocks=32)
+    settings = HosterSettings(engine_threads=1, engine_max_batch=12)
     name = "ft:SmolLM2-135M-Instruct:sfx:ftjob-x"
     spec = EngineSpec(
         "dep-2", tmp_path, base_name="SmolLM2-135M-Instruct", base_dir=tmp_path / "base",
@@ -64,7 +64,7 @@ def test_a_lora_engine_loads_its_base_and_checkpoints_at_start(tmp_path: Path) -
     assert argv[argv.index("--base-name") + 1] == "SmolLM2-135M-Instruct"
     assert argv[argv.index("--model") + 1] == f"{name}={tmp_path / 'ckpt'}"
     assert argv[argv.index("--threads") + 1] == "1"
-    assert argv[argv.index("--cache-blocks") + 1] == "32"
+    assert argv[argv.index("--max-batch") + 1] == "12"
     assert engine.load_timeout_s == settings.engine_load_timeout_s  # the base loads first
     assert isinstance(
         make_engine(EngineSpec("dep-3", tmp_path, pinned=name), settings), TransformersServe

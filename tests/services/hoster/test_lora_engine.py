@@ -58,10 +58,8 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture
-async def engine(tiny_model_dir: Path) -> Any:
-    engine = Engine(base_dir=tiny_model_dir, base_name=BASE, cache_blocks=16, max_batch_tokens=256)
-    yield engine
-    engine.close()
+async def engine(tiny_model_dir: Path) -> Engine:
+    return Engine(base_dir=tiny_model_dir, base_name=BASE, max_batch=8)
 
 
 def client(engine: Engine) -> httpx.AsyncClient:
