@@ -32,6 +32,9 @@ from shared.settings import Settings, get_settings
 console = Console()
 TENANT = "demo"
 GOAL = 0.9
+# A whole answer is ~65 tokens (up to ~80 with long names); the base, which does not answer with
+# the object, would otherwise ramble on for hundreds.
+MAX_TOKENS = 120
 BASE = SMOLLM2_135M_INSTRUCT.id
 
 
@@ -164,7 +167,7 @@ def _deployed(http: httpx.Client, name: str) -> None:
 
 
 async def _score(client: AsyncOpenAI, model: str, tickets: list[Ticket]) -> Scored:
-    gate = asyncio.Semaphore(8)
+    gate = asyncio.Semaphore(16)
 
     async def one(ticket: Ticket) -> tuple[float, float]:
         async with gate:
@@ -173,13 +176,22 @@ async def _score(client: AsyncOpenAI, model: str, tickets: list[Ticket]) -> Scor
                 model=model,
                 messages=_messages(ticket),
                 temperature=0,
-                max_tokens=160,
+                max_tokens=MAX_TOKENS,
             )
             took = time.perf_counter() - started
         return field_accuracy(ticket.answer, reply.choices[0].message.content or ""), took
 
     results = await asyncio.gather(*(one(t) for t in tickets))
     return Scored(statistics.fmean(a for a, _ in results), statistics.median(t for _, t in results))
+
+
+async def _compare(
+    client: AsyncOpenAI, models: dict[str, str], tickets: list[Ticket]
+) -> dict[str, Scored]:
+    """Each model on the tickets, side by side: every deployment has an engine of its own, so
+    asking them together uses both cores."""
+    results = await asyncio.gather(*(_score(client, m, tickets) for m in models.values()))
+    return dict(zip(models, results, strict=True))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(settings: Settings, args: argparse.Namespace, started_at: float) -> int:
+    def step(message: str) -> None:
+        elapsed = time.monotonic() - started_at
+        console.print(f"[dim]{elapsed // 60:.0f}:{elapsed % 60:02.0f}[/] {message}")
+
     key = _key(settings)
     base_url = f"http://{settings.app.bind_host}:{settings.services.ingest_port}"
     client = OpenAI(base_url=f"{base_url}/v1", api_key=key, timeout=600)
@@ -210,28 +226,26 @@ def _run(settings: Settings, args: argparse.Namespace, started_at: float) -> int
 
     http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
     train, heldout = generate("train"), generate("heldout")[: args.heldout]
-    console.print(f"1. replaying {len(train)} tickets through the gateway to {TEACHER_MODEL}")
+    step(f"1. replaying {len(train)} tickets through the gateway to {TEACHER_MODEL}")
     asyncio.run(_replay(aclient(), train))
-    console.print("2. building a dataset from the captured calls")
+    step("2. building a dataset from the captured calls")
     dataset_id = _dataset(http, len(train))
-    console.print(f"3. fine-tuning {BASE} on {dataset_id} (auto hyperparameters, auto-deploy)")
+    step(f"3. fine-tuning {BASE} on {dataset_id} (auto hyperparameters, auto-deploy)")
+    # The base is compared at the end: its engine loads now, while the job starts.
+    http.post("/v1/deployments", json={"model": BASE}).raise_for_status()
     job = _train(client, dataset_id, args.budget_s)
     name = job.fine_tuned_model
-    console.print(f"4. waiting for {name} to serve (gate: {getattr(job, 'gate', None)})")
+    step(f"4. waiting for {name} to serve (gate: {getattr(job, 'gate', None)})")
     _deployed(http, name)
     answer = client.chat.completions.create(model=name, messages=_messages(heldout[0]))
     console.print(f"   {name} answers: {answer.choices[0].message.content}")
     stream = client.chat.completions.create(model=name, messages=_messages(heldout[1]), stream=True)
     streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     console.print(f"   streamed: {streamed}")
-    console.print(f"5. comparing on {len(heldout)} held-out tickets")
-    http.post("/v1/deployments", json={"model": BASE}).raise_for_status()
+    step(f"5. comparing on {len(heldout)} held-out tickets")
     _deployed(http, BASE)
-    scores = {
-        "base": asyncio.run(_score(aclient(), BASE, heldout)),
-        "fine-tuned": asyncio.run(_score(aclient(), name, heldout)),
-        "teacher": asyncio.run(_score(aclient(), TEACHER_MODEL, heldout)),
-    }
+    scores = asyncio.run(_compare(aclient(), {"base": BASE, "fine-tuned": name}, heldout))
+    scores["teacher"] = asyncio.run(_score(aclient(), TEACHER_MODEL, heldout))
     _report(scores, name, job, time.monotonic() - started_at)
     if not args.keep:
         # Engines outlive the hoster (a restart takes them over): stop the demo's own.

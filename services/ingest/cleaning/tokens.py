@@ -89,18 +89,23 @@ class TokenCounter:
         return [len(ids) for ids in encoded]
 
     def _message_overhead(self) -> int:
-        """Template tokens around one message: render one, subtract its text."""
+        """Template tokens around one message: the tokens one more message adds to a rendered
+        conversation, less its text. Measured after a system message, because a template may
+        add a default system prompt to a conversation without one (SmolLM2's does: rendering a
+        lone user message counted it, 24 tokens a message instead of 5)."""
         tokenizer = self.tokenizer
         if not getattr(tokenizer, "chat_template", None):
             return 0
+        system = {"role": "system", "content": "hello"}
         try:
-            rendered = tokenizer.apply_chat_template(  # type: ignore[union-attr]
-                [{"role": "user", "content": "hello"}], tokenize=False
+            one, two = (
+                tokenizer.apply_chat_template(messages, tokenize=False)  # type: ignore[union-attr]
+                for messages in ([system], [system, {"role": "user", "content": "hello"}])
             )
-        except Exception:  # a template that needs more than one message: assume no overhead
+        except Exception:  # a template that refuses a system message: assume no overhead
             return 0
-        full, bare = self._encode_lengths([rendered, "user\nhello"])
-        return max(0, full - bare)
+        shorter, longer, bare = self._encode_lengths([one, two, "user\nhello"])
+        return max(0, longer - shorter - bare)
 
     def prime(self, texts: Iterable[str]) -> None:
         """Encode every text not counted yet, in large batches."""
