@@ -34,7 +34,8 @@ SHORT_RUN_LORA_LR = 3e-4  # ~15x a full fine-tune's rate for runs under ~100 ste
 FULL_LR = 2e-5
 LORA_RANK = 16
 START_UP_S = 45.0  # model load and first step, before the step clock applies
-ROW_MARGIN = 1.1  # template tokens the builder's counts may not include
+ROW_MARGIN = 1.03  # the builder counts template tokens per message; a little for the rest
+ROW_ROUNDING = 16  # rows in multiples of 16 tokens: padding is computed like any token
 
 
 @dataclass(frozen=True)
@@ -103,15 +104,19 @@ def _epochs(profile: DatasetProfile, kind: TaskKind, user: UserChoices) -> Decis
 
 
 def _row_length(profile: DatasetProfile, device: Throughput, context_len: int) -> Decision:
-    needed = max(128, math.ceil(profile.example.p99 * ROW_MARGIN / 64) * 64)
+    needed = max(128, math.ceil(profile.example.p99 * ROW_MARGIN / ROW_ROUNDING) * ROW_ROUNDING)
     if device.device == "cpu":
         # A packed row pays attention over its whole length on CPU (1024-token rows: ~205
-        # tokens/s vs ~245 for 256): rows just long enough for the longest common example.
+        # tokens/s vs ~245 for 256), and its padding costs like tokens: rows just long enough
+        # for the longest common example (384-token rows for 216-token examples were 43 % pads).
         value, rule = needed, "short rows on CPU: the example p99"
     else:
         value, rule = max(needed, 2048), "rows of >= 2048 tokens packed on GPU"
     value = min(value, context_len)
-    reason = f"{rule} ({profile.example.p99} tokens, +10 % for the template), within context {context_len}"
+    reason = (
+        f"{rule} ({profile.example.p99} tokens, +3 %, in multiples of {ROW_ROUNDING}), "
+        f"within context {context_len}"
+    )
     return Decision("max_seq_len", value, reason)
 
 
@@ -278,8 +283,10 @@ def _learning_rate(steps: int, user: UserChoices) -> Decision:
 def _step_seconds(
     profile: DatasetProfile, device: Throughput, row_len: int, examples: int, params: int
 ) -> float:
-    # Speed is measured in trained (real) tokens: a step costs its examples' tokens.
-    return examples * max(profile.example.p50, 1) / device.tokens_per_s(row_len, params)
+    # A step computes its rows whole, pads included: examples packed whole (never split) fill a
+    # row to a whole number of them.
+    rows = math.ceil(examples / _examples_per_row(profile, row_len))
+    return rows * row_len / device.tokens_per_s(row_len, params)
 
 
 def _estimate_s(steps: int, points: int, step_s: float, device: Throughput) -> float:

@@ -34,7 +34,7 @@ TENANT = "demo"
 GOAL = 0.9
 # A whole answer is ~65 tokens (up to ~80 with long names); the base, which does not answer with
 # the object, would otherwise ramble on for hundreds.
-MAX_TOKENS = 120
+MAX_TOKENS = 100
 BASE = SMOLLM2_135M_INSTRUCT.id
 
 
@@ -196,8 +196,8 @@ async def _compare(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make demo", description=__doc__)
-    parser.add_argument("--budget-s", type=float, default=330.0, help="the job's max_duration_s")
-    parser.add_argument("--heldout", type=int, default=60, help="held-out tickets compared")
+    parser.add_argument("--budget-s", type=float, default=360.0, help="the job's max_duration_s")
+    parser.add_argument("--heldout", type=int, default=50, help="held-out tickets compared")
     parser.add_argument("--keep", action="store_true", help="leave the stack running")
     args = parser.parse_args(argv)
     settings = get_settings()

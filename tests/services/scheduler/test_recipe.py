@@ -48,7 +48,7 @@ def test_the_demo_task_on_cpu_trains_two_epochs_of_short_rows() -> None:
     result = plan(profile(400, json_share=1.0), CPU, **SMOL)
     assert result.task_kind == "json"
     hp = result.trainer["hyperparameters"]
-    assert hp["max_seq_len"] == 256  # p99 190 + 10 %, rounded up to 64
+    assert hp["max_seq_len"] == 208  # p99 190 + 3 %, rounded up to 16
     assert hp["micro_batch_size"] * hp["gradient_accumulation_steps"] == 4
     assert result.n_epochs == 2.0  # OpenAI's 3, clamped to the table's 0.5-2
     assert result.steps == 200
@@ -99,10 +99,10 @@ def test_a_large_free_text_dataset_on_gpu_packs_long_rows_within_openais_bound()
     )
     assert result.task_kind == "free_text"
     hp = result.trainer["hyperparameters"]
-    assert hp["max_seq_len"] == 3328  # 3000 + 10 %, rounded up to 64, above GPU's 2048
+    assert hp["max_seq_len"] == 3104  # 3000 + 3 %, rounded up to 16, above GPU's 2048
     assert openai_epochs(20_000) == 1
     assert result.n_epochs == 1.0  # the table's 1-3 takes OpenAI's 1
-    assert hp["micro_batch_size"] * hp["gradient_accumulation_steps"] * 3328 >= 32_768 - 3328
+    assert hp["micro_batch_size"] * hp["gradient_accumulation_steps"] * 3104 >= 32_768 - 3104
     assert result.steps >= MIN_STEPS
 
 
