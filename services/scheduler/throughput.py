@@ -17,7 +17,7 @@ DeviceClass = Literal["cpu", "gpu-24g", "gpu-80g"]
 
 @dataclass(frozen=True)
 class Throughput:
-    """Trained tokens a second for a ~135M-parameter model, by row length, on one device."""
+    """Row tokens (pads included) a second for a ~135M-parameter model, by row length."""
 
     device: DeviceClass
     # (row length in tokens, tokens a second): a packed row pays attention over its whole
@@ -53,13 +53,16 @@ class Throughput:
 THROUGHPUT: dict[DeviceClass, Throughput] = {
     "cpu": Throughput(
         device="cpu",
-        points=((256, 245.0), (1024, 205.0)),
+        # Row tokens a second, pads included: a 256-token LoRA step took 0.94 s under bf16
+        # autocast (the trainer's `auto` on CPUs with bf16 instructions; 1.25 s in fp32) on 2
+        # cores, 2026-12-05; 1024-token rows scaled by KNOWLEDGE.md's 205/245.
+        points=((256, 270.0), (1024, 225.0)),
         tokens_per_step=1024,
         max_rows=8,
         eval_point_s=15.0,
         eval_items=16,
         eval_slowdown=1.8,
-        source="measured: 2 CPU cores, SmolLM2-135M, LoRA r16 (KNOWLEDGE.md)",
+        source="measured: 2 CPU cores, SmolLM2-135M, LoRA r16, bf16 autocast",
     ),
     "gpu-24g": Throughput(
         device="gpu-24g",

@@ -58,7 +58,8 @@ class Hyperparameters(_Strict):
     warmup_ratio: float = Field(default=0.03, ge=0, lt=1)
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     seed: int = 0
-    # auto: bf16 autocast on a GPU that supports it, fp32 on CPU.
+    # auto: bf16 autocast on a GPU that supports it or a CPU with bf16 instructions (AVX512-BF16,
+    # AMX), else fp32.
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     # auto: on for GPUs, off on CPU (it only trades compute for memory).
     gradient_checkpointing: Literal["auto"] | bool = "auto"

@@ -120,14 +120,30 @@ def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
 
 
 def autocast_dtype(hp: Hyperparameters, device: torch.device) -> torch.dtype | None:
-    """bf16 autocast on a GPU that supports it (or when asked), else fp32 (None)."""
+    """bf16 autocast on a device that computes it natively (or when asked), else fp32 (None)."""
     if hp.precision == "fp32":
         return None
     if hp.precision == "bf16":
         return torch.bfloat16
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
+    if device.type == "cpu" and cpu_has_native_bf16():
+        # Measured on the project's 2-core AVX512-BF16 machines: a LoRA step of SmolLM2-135M
+        # over 256 tokens took 0.94 s under bf16 autocast, 1.25 s in fp32 (docs/trainer.md).
+        return torch.bfloat16
     return None
+
+
+def cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether the CPU has bf16 matrix instructions (AVX512-BF16 or AMX); elsewhere bf16 is
+    emulated and slower than fp32."""
+    try:
+        flags = next(
+            (line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), ""
+        )
+    except OSError:
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
 
 
 def use_gradient_checkpointing(hp: Hyperparameters, device: torch.device) -> bool:

@@ -15,6 +15,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import httpx
@@ -67,7 +68,8 @@ async def _replay(client: AsyncOpenAI, tickets: list[Ticket]) -> None:
         async with gate:
             await client.chat.completions.create(model=TEACHER_MODEL, messages=_messages(ticket))
 
-    await asyncio.gather(*(one(t) for t in tickets))
+    async with client:
+        await asyncio.gather(*(one(t) for t in tickets))
 
 
 def _wait(what: str, check: Any, timeout_s: float, every_s: float = 1.0) -> Any:
@@ -80,16 +82,17 @@ def _wait(what: str, check: Any, timeout_s: float, every_s: float = 1.0) -> Any:
     raise SystemExit(f"demo: {what} did not happen within {timeout_s:.0f} s")
 
 
-def _dataset(http: httpx.Client, count: int) -> str:
+def _dataset(http: httpx.Client, count: int, since: datetime) -> str:
+    """A dataset of the calls this run captured (an earlier run's stay out of it)."""
+
     def captured() -> bool:
-        page = http.get("/v1/samples", params={"model": TEACHER_MODEL, "limit": 1})
-        return page.status_code == 200 and bool(page.json()["data"]) and _count(http) >= count
+        return _count(http, since) >= count
 
     _wait("capturing the replayed calls", captured, 120)
     spec = {
         "name": "support tickets (make demo)",
         "base_model": BASE,
-        "source": {"models": [TEACHER_MODEL]},
+        "source": {"models": [TEACHER_MODEL], "since": since.isoformat()},
         "split": {"eval_size": 32, "seed": 0},
         # The tickets come from a few dozen templates: every eval ticket shares 13-word runs
         # with many training tickets, and decontamination would drop half the training set.
@@ -110,13 +113,15 @@ def _dataset(http: httpx.Client, count: int) -> str:
     return dataset_id
 
 
-def _count(http: httpx.Client) -> int:
+def _count(http: httpx.Client, since: datetime) -> int:
     seen, cursor = 0, None
     while True:
-        params: dict[str, Any] = {"model": TEACHER_MODEL, "limit": 500}
+        params: dict[str, Any] = {"model": TEACHER_MODEL, "limit": 500, "since": since.isoformat()}
         if cursor:
             params["cursor"] = cursor
-        page = http.get("/v1/samples", params=params).json()
+        response = http.get("/v1/samples", params=params)
+        response.raise_for_status()
+        page = response.json()
         seen += len(page["data"])
         cursor = page.get("next_cursor")
         if not cursor:
@@ -190,7 +195,8 @@ async def _compare(
 ) -> dict[str, Scored]:
     """Each model on the tickets, side by side: every deployment has an engine of its own, so
     asking them together uses both cores."""
-    results = await asyncio.gather(*(_score(client, m, tickets) for m in models.values()))
+    async with client:  # closed inside the loop that opened its connections
+        results = await asyncio.gather(*(_score(client, m, tickets) for m in models.values()))
     return dict(zip(models, results, strict=True))
 
 
@@ -227,9 +233,10 @@ def _run(settings: Settings, args: argparse.Namespace, started_at: float) -> int
     http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
     train, heldout = generate("train"), generate("heldout")[: args.heldout]
     step(f"1. replaying {len(train)} tickets through the gateway to {TEACHER_MODEL}")
+    since = datetime.now(UTC)
     asyncio.run(_replay(aclient(), train))
     step("2. building a dataset from the captured calls")
-    dataset_id = _dataset(http, len(train))
+    dataset_id = _dataset(http, len(train), since)
     step(f"3. fine-tuning {BASE} on {dataset_id} (auto hyperparameters, auto-deploy)")
     # The base is compared at the end: its engine loads now, while the job starts.
     http.post("/v1/deployments", json={"model": BASE}).raise_for_status()
@@ -245,7 +252,7 @@ def _run(settings: Settings, args: argparse.Namespace, started_at: float) -> int
     step(f"5. comparing on {len(heldout)} held-out tickets")
     _deployed(http, BASE)
     scores = asyncio.run(_compare(aclient(), {"base": BASE, "fine-tuned": name}, heldout))
-    scores["teacher"] = asyncio.run(_score(aclient(), TEACHER_MODEL, heldout))
+    scores |= asyncio.run(_compare(aclient(), {"teacher": TEACHER_MODEL}, heldout))
     _report(scores, name, job, time.monotonic() - started_at)
     if not args.keep:
         # Engines outlive the hoster (a restart takes them over): stop the demo's own.
