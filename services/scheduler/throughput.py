@@ -53,16 +53,18 @@ class Throughput:
 THROUGHPUT: dict[DeviceClass, Throughput] = {
     "cpu": Throughput(
         device="cpu",
-        # Row tokens a second, pads included: a 256-token LoRA step took 0.94 s under bf16
-        # autocast (the trainer's `auto` on CPUs with bf16 instructions; 1.25 s in fp32) on 2
-        # cores, 2026-12-05; 1024-token rows scaled by KNOWLEDGE.md's 205/245.
-        points=((256, 270.0), (1024, 225.0)),
+        # Row tokens a second, pads included, as the trainer ran inside `make demo` (2 threads,
+        # bf16 autocast on AVX512-BF16 cores, checkpoints and reports included), 2026-12-05: 46
+        # steps of one 224-token row every 68 s, 18 s of which an eval point; 1024-token rows
+        # scaled by KNOWLEDGE.md's 205/245 (attention over the whole row).
+        points=((256, 205.0), (1024, 172.0)),
         tokens_per_step=1024,
         max_rows=8,
-        eval_point_s=15.0,
+        eval_point_s=18.0,
         eval_items=16,
-        eval_slowdown=1.8,
-        source="measured: 2 CPU cores, SmolLM2-135M, LoRA r16, bf16 autocast",
+        # The trainer all but stops while the eval engine generates (3 threads on 2 cores).
+        eval_slowdown=2.0,
+        source="measured in make demo: 2 CPU cores, SmolLM2-135M, LoRA r16, bf16 autocast",
     ),
     "gpu-24g": Throughput(
         device="gpu-24g",

@@ -9,21 +9,21 @@ hand sweep of row length x rows a step, each at the same wall-clock budget, on t
 - Auto: the scheduler's path: `planning.plan_job` with `max_duration_s = --budget-s` on the CPU
   throughput row, `planning.trainer_config`, and `python -m services.trainer run` with the
   scheduler's argv and environment; no webhook (no scheduler listens), checkpoints in the work dir.
-- Sweep: row length {256, 512} x {1, 4} rows a step. The examples render to 190-242 tokens, so a
+- Sweep: row length {256, 512} x {1, 4} rows a step. The examples render to ~150-200 tokens, so a
   256-token row holds one (none truncated) and a 512-token row two: the settings train on 1, 4, 2
   and 8 examples a step, around auto's one-example steps. Each gets the steps the recipe's own
-  budget arithmetic (throughput table, start-up and eval allowance) fits into --budget-s for the
-  tokens its rows really hold, and the recipe's learning-rate, warmup and checkpoint rules for
-  that step count: a setting differs from auto only in its shape. Auto gets what its plan gives
-  it, even where the plan's token counts leave part of the budget unused (the plan is what is
-  tested). Planned and measured training seconds and trained tokens are printed side by side.
+  budget arithmetic (throughput table in row tokens, start-up and eval allowance) fits into
+  --budget-s, and the recipe's learning-rate, warmup and checkpoint rules for that step count: a
+  setting differs from auto only in its shape. Auto gets what its plan gives it (the plan is
+  what is tested). Planned and measured training seconds and trained tokens are printed side by
+  side.
 - Score: each final adapter answers --heldout held-out tickets greedily in one `generate_batch`
   (peft adapter on one base), graded by `field_accuracy`. `--every-checkpoint` also scores each
   saved checkpoint and shows the best (chosen on the same tickets: optimistic, for all alike).
 - Verdict (issue 21): auto's final score within 0.03 of the best sweep setting's.
 
-`--threads` (default 2, the throughput table's conditions; the scheduler gives its trainer one
-thread, the eval engine the other) applies to training and scoring. The default run, five
+`--threads` (default 2: the throughput table's conditions, and what the scheduler gives its
+trainer on 2 cores) applies to training and scoring. The default run, five
 trainings of about the budget and five scorings, takes 30 minutes or more on 2 cores. Not
 collected by pytest; the numbers go to docs/benchmarks.md.
 """
@@ -192,12 +192,8 @@ def sweep_setting(
     if shape.truncated:
         console.print(f"[yellow]{name}: {shape.truncated} examples longer than the row are cut[/]")
     user = UserChoices(max_duration_s=budget_s)
-    # A step costs the tokens its rows really hold. The recipe sizes examples by the dataset
-    # builder's stats, which overstate this data (~282 tokens vs ~219 rendered: the builder's
-    # per-message overhead includes SmolLM2's default system prompt) and so count one example
-    # in a 512-token row that packs two; budgeted by them, 512x1 would get about twice the
-    # real time of 256x1.
-    step_s = rows * shape.tokens / device.tokens_per_s(row_len, params)
+    # A step computes its rows whole, pads included, as the recipe's throughput row counts.
+    step_s = rows * row_len / device.tokens_per_s(row_len, params)
     # Ask for more steps than any budget holds: the budget alone decides how many there are.
     wanted = Decision("steps", 10**9, "fill the budget")
     steps_decision, points = recipe._fit_budget(wanted, step_s, device, user)
