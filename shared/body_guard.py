@@ -16,6 +16,7 @@ answered ahead of FastAPI (services/ingest/fastpath.py) and never reach this.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar
 
@@ -31,6 +32,9 @@ from shared.settings import AuthSettings
 Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
 Guard = Literal["admin", "service", "tenant"]
 _OWN_BODY = "_tuneloop_reads_own_body"
+# Before a 413, what the client already sent is read and dropped: at most this much, this long.
+DRAIN_BYTES = 1 << 20
+DRAIN_S = 0.25
 
 
 def reads_own_body(endpoint: Endpoint) -> Endpoint:
@@ -127,8 +131,25 @@ class _Gate:
         if self.limited and message["type"] == "http.request":
             self.received += len(message.get("body", b""))
             if self.received > self.guard.max_bytes:
+                if message.get("more_body", False):
+                    await self._drain()
                 raise self.guard.too_large()
         return message
+
+    async def _drain(self) -> None:
+        """Read what the client already sent, a bounded amount, before the 413: a connection
+        closed over unread bytes is reset, and the reset can reach the client before the answer
+        and discard it (nginx drains for the same reason: its lingering close)."""
+        drained = 0
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(DRAIN_S):
+                while drained < DRAIN_BYTES:
+                    message = await self._receive()
+                    if message["type"] != "http.request":
+                        return
+                    drained += len(message.get("body", b""))
+                    if not message.get("more_body", False):
+                        return
 
     async def _first(self) -> None:
         route = self.scope.get("route")
@@ -138,6 +159,7 @@ class _Gate:
         await self.guard.check_key(self.scope)
         declared = _content_length(self.scope)
         if declared is not None and declared > self.guard.max_bytes:
+            await self._drain()
             raise self.guard.too_large()
 
 
