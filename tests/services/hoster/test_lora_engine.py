@@ -219,3 +219,22 @@ async def test_the_gate_runs_one_name_at_a_time_first_come_first_served() -> Non
     assert all(len(names) == 1 for names in overlaps)
     # b waited ahead of the second a, so a did not keep the engine: a, b, a, b.
     assert switched == ["a", "b", "a", "b"]
+
+
+async def test_a_whole_model_loads_beside_the_base_and_answers_as_itself(
+    engine: Engine, adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    # A full fine-tune's checkpoint is a model of its own: here a different random Llama.
+    other = tmp_path / "full"
+    build_tiny_causal_lm(seed=7).save_pretrained(other)
+    build_tiny_tokenizer().save_pretrained(other)
+    async with client(engine) as http:
+        loaded = await http.post("/models", json={"name": "full", "path": str(other)})
+        assert loaded.json() == {"name": "full", "kind": "full"}
+        await http.post("/models", json={"name": "ckpt-a", "path": str(adapters["ckpt-a"])})
+        replies = await asyncio.gather(*(ask(http, m) for m in ("full", "ckpt-a", "full")))
+        assert (await http.delete("/models/full")).status_code == 204
+        assert (await ask(http, "full")).status_code == 404
+    texts = [r.json()["choices"][0]["message"]["content"] for r in replies]
+    assert texts[0] == texts[2] == reference(other, None, 12)
+    assert texts[1] == reference(engine.base_dir, adapters["ckpt-a"], 12)
