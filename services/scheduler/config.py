@@ -8,7 +8,6 @@ service's own secrets.
 from __future__ import annotations
 
 import os
-
 from pathlib import Path
 
 from pydantic import Field, SecretStr
