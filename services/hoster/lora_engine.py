@@ -365,30 +365,42 @@ def prompt_ids(served: Served, request: ChatRequest) -> list[int]:
 
 @dataclass
 class Completion:
+    """One request's answer in the making: its prompt rendered once, its limit, its tokens."""
+
     id: str
     model: str
-    prompt_tokens: int
+    prompt: list[int]
+    limit: int
     tokens: list[int] = field(default_factory=list)
-    finish_reason: str = "stop"
+
+    @classmethod
+    def of(cls, served: Served, request: ChatRequest) -> Completion:
+        limit = request.max_completion_tokens or request.max_tokens or DEFAULT_MAX_TOKENS
+        prompt = prompt_ids(served, request)  # a bad conversation is a 400 before any output
+        return cls(f"chatcmpl-{uuid.uuid4().hex}", request.model, prompt, limit)
+
+    def finish_reason(self, stopped: bool) -> str:
+        return "stop" if stopped or len(self.tokens) < self.limit else "length"
+
+    def usage(self) -> dict[str, int]:
+        prompt, generated = len(self.prompt), len(self.tokens)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": generated,
+            "total_tokens": prompt + generated,
+        }
 
 
-async def generate(served: Served, request: ChatRequest) -> AsyncIterator[list[int]]:
+async def generate(served: Served, completion: Completion) -> AsyncIterator[list[int]]:
     """The new tokens as they come (the end-of-sequence token included), batched with the
-    requests for the same model that wait beside it."""
-    ids = prompt_ids(served, request)
-    limit = request.max_completion_tokens or request.max_tokens or DEFAULT_MAX_TOKENS
+    requests for the same model that wait beside it; each is added to `completion.tokens`."""
     async with served.host.gate.use(served.name):
         try:
-            async for tokens in served.host.batcher.tokens(ids, limit):
+            async for tokens in served.host.batcher.tokens(completion.prompt, completion.limit):
+                completion.tokens += tokens
                 yield tokens
         except RuntimeError as exc:  # the batch failed: every member answers 500 saying why
             raise EngineError(500, str(exc), code="engine_error") from None
-
-
-def _strip_eos(tokens: list[int], eos: int | None) -> tuple[list[int], bool]:
-    if tokens and eos is not None and tokens[-1] == eos:
-        return tokens[:-1], True
-    return tokens, False
 
 
 def _chunk(completion: Completion, delta: dict[str, Any], finish: str | None) -> str:
@@ -402,75 +414,60 @@ def _chunk(completion: Completion, delta: dict[str, Any], finish: str | None) ->
     return f"data: {json.dumps(body)}\n\n"
 
 
-def _usage(completion: Completion) -> dict[str, int]:
-    generated = len(completion.tokens)
-    return {
-        "prompt_tokens": completion.prompt_tokens,
-        "completion_tokens": generated,
-        "total_tokens": completion.prompt_tokens + generated,
-    }
-
-
-async def complete(served: Served, request: ChatRequest) -> dict[str, Any]:
-    completion = Completion(f"chatcmpl-{uuid.uuid4().hex}", request.model, 0)
-    completion.prompt_tokens = len(prompt_ids(served, request))
-    async for tokens in generate(served, request):
-        completion.tokens += tokens
-    limit = request.max_completion_tokens or request.max_tokens or DEFAULT_MAX_TOKENS
-    body, stopped = _strip_eos(completion.tokens, served.tokenizer.eos_token_id)
-    finish = "stop" if stopped or len(completion.tokens) < limit else "length"
-    text = served.tokenizer.decode(body, skip_special_tokens=True)
+async def complete(served: Served, completion: Completion) -> dict[str, Any]:
+    async for _tokens in generate(served, completion):
+        pass
+    eos = served.tokenizer.eos_token_id
+    stopped = bool(completion.tokens) and completion.tokens[-1] == eos
+    body = completion.tokens[:-1] if stopped else completion.tokens
     return {
         "id": completion.id,
         "object": "chat.completion",
         "created": int(time.time()),
-        "model": request.model,
+        "model": completion.model,
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
-                "finish_reason": finish,
+                "message": {
+                    "role": "assistant",
+                    "content": served.tokenizer.decode(body, skip_special_tokens=True),
+                    "refusal": None,
+                },
+                "finish_reason": completion.finish_reason(stopped),
                 "logprobs": None,
             }
         ],
-        "usage": _usage(completion),
+        "usage": completion.usage(),
     }
 
 
-async def stream(served: Served, request: ChatRequest) -> AsyncIterator[str]:
+async def stream(
+    served: Served, completion: Completion, *, include_usage: bool
+) -> AsyncIterator[str]:
     from tokenizers.decoders import DecodeStream
 
-    completion = Completion(f"chatcmpl-{uuid.uuid4().hex}", request.model, 0)
-    completion.prompt_tokens = len(prompt_ids(served, request))
     decoder = DecodeStream(skip_special_tokens=True)
-    rust = served.tokenizer._tokenizer
-    limit = request.max_completion_tokens or request.max_tokens or DEFAULT_MAX_TOKENS
+    rust, eos = served.tokenizer._tokenizer, served.tokenizer.eos_token_id
     yield _chunk(completion, {"role": "assistant", "content": ""}, None)
     stopped = False
     try:
-        async for tokens in generate(served, request):
-            completion.tokens += tokens
-            text = ""
-            for token in tokens:
-                if token == served.tokenizer.eos_token_id:
-                    stopped = True
-                    continue
-                text += decoder.step(rust, token) or ""
+        async for tokens in generate(served, completion):
+            stopped = stopped or eos in tokens
+            text = "".join(decoder.step(rust, t) or "" for t in tokens if t != eos)
             if text:
                 yield _chunk(completion, {"content": text}, None)
     except EngineError as exc:  # the stream has begun: the error travels in it
         yield f"data: {json.dumps({'error': {'message': exc.message, 'code': exc.code}})}\n\n"
         return
-    finish = "stop" if stopped or len(completion.tokens) < limit else "length"
-    yield _chunk(completion, {}, finish)
-    if (request.stream_options or {}).get("include_usage"):
+    yield _chunk(completion, {}, completion.finish_reason(stopped))
+    if include_usage:
         usage = {
             "id": completion.id,
             "object": "chat.completion.chunk",
             "created": int(time.time()),
             "model": completion.model,
             "choices": [],
-            "usage": _usage(completion),
+            "usage": completion.usage(),
         }
         yield f"data: {json.dumps(usage)}\n\n"
     yield "data: [DONE]\n\n"
@@ -520,10 +517,12 @@ def build_app(engine: Engine) -> FastAPI:
             raise EngineError(400, "body: not JSON", "body") from None
         parsed = parse_request(body)
         served = engine.get(parsed.model)
+        completion = Completion.of(served, parsed)
         if parsed.stream:
-            prompt_ids(served, parsed)  # a bad conversation is a 400, before the stream starts
-            return StreamingResponse(stream(served, parsed), media_type="text/event-stream")
-        return JSONResponse(await complete(served, parsed))
+            include_usage = bool((parsed.stream_options or {}).get("include_usage"))
+            events = stream(served, completion, include_usage=include_usage)
+            return StreamingResponse(events, media_type="text/event-stream")
+        return JSONResponse(await complete(served, completion))
 
     @app.post("/models")
     async def load(body: ModelLoad) -> dict[str, str]:

@@ -67,6 +67,12 @@ def client(engine: Engine) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=transport, base_url="http://engine")
 
 
+async def load_all(http: httpx.AsyncClient, adapters: dict[str, Path]) -> None:
+    for name, path in adapters.items():
+        loaded = await http.post("/models", json={"name": name, "path": str(path)})
+        assert loaded.status_code == 200, loaded.text
+
+
 async def ask(http: httpx.AsyncClient, model: str, **extra: Any) -> httpx.Response:
     body = {"model": model, "messages": MESSAGES, "max_tokens": 12, "temperature": 0, **extra}
     return await http.post("/v1/chat/completions", json=body)
@@ -105,8 +111,7 @@ async def test_concurrent_requests_for_two_adapters_each_get_their_own(
     engine: Engine, adapters: dict[str, Path], tiny_model_dir: Path
 ) -> None:
     async with client(engine) as http:
-        for name, path in adapters.items():
-            await http.post("/models", json={"name": name, "path": str(path)})
+        await load_all(http, adapters)
         models = ["ckpt-a", "ckpt-b", BASE] * 4
         replies = await asyncio.gather(*(ask(http, m) for m in models))
     want = {m: reference(tiny_model_dir, adapters.get(m), 12) for m in set(models)}
@@ -143,8 +148,7 @@ async def test_unloading_an_adapter_leaves_the_others_and_the_base(
     engine: Engine, adapters: dict[str, Path], tiny_model_dir: Path
 ) -> None:
     async with client(engine) as http:
-        for name, path in adapters.items():
-            await http.post("/models", json={"name": name, "path": str(path)})
+        await load_all(http, adapters)
         await ask(http, "ckpt-a")  # ckpt-a is the active adapter when it goes
         assert (await http.delete("/models/ckpt-a")).status_code == 204
         gone = await ask(http, "ckpt-a")
