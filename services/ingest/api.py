@@ -1,8 +1,11 @@
-"""HTTP routes of the ingest service: the provider-compatible gateway, samples, admin."""
+"""HTTP routes of the ingest service: samples, uploads, admin, relays to the control plane, and
+the documentation of the provider-compatible gateway and the OTLP receiver, whose routes are
+generated from their one table (proxy_routes.py) and served ahead of FastAPI (fastpath.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -21,14 +24,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from services.ingest import dataset_api, forwarding, keys_api, samples, uploads
 from services.ingest.formats import UnknownFormat, check_format
-from services.ingest.gateway import (
-    GEMINI_ACTIONS,
-    GEMINI_PASSTHROUGH_ACTIONS,
-    PASSTHROUGH_PATHS,
-    gemini_method,
-)
 from services.ingest.models import UploadedFile
-from services.ingest.routing import Api
+from services.ingest.proxy_routes import ROUTES, ProxyRoute
 from services.ingest.state import Ingest
 from shared import auth
 from shared.body_guard import reads_own_body
@@ -51,117 +48,10 @@ async def get_ingest(request: Request) -> Ingest:
 IngestDep = Annotated[Ingest, Depends(get_ingest)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 
-# --- gateway ----------------------------------------------------------------------------------
-
-
-@router.post(
-    "/v1/chat/completions",
-    tags=["gateway"],
-    summary="OpenAI Chat Completions, proxied and captured",
-)
-async def openai_chat_completions(request: Request, ingest: IngestDep) -> Response:
-    return await ingest.gateway.handle(request, api="openai", path="/v1/chat/completions")
-
-
-@router.post("/v1/responses", tags=["gateway"], summary="OpenAI Responses, proxied and captured")
-async def openai_responses(request: Request, ingest: IngestDep) -> Response:
-    return await ingest.gateway.handle(request, api="openai", path="/v1/responses")
-
-
-@router.post("/v1/messages", tags=["gateway"], summary="Anthropic Messages, proxied and captured")
-async def anthropic_messages(request: Request, ingest: IngestDep) -> Response:
-    return await ingest.gateway.handle(request, api="anthropic", path="/v1/messages")
-
-
-@router.post(
-    "/v1beta/models/{model_action}",
-    tags=["gateway"],
-    summary="Gemini generateContent / streamGenerateContent",
-)
-async def gemini_generate(model_action: str, request: Request, ingest: IngestDep) -> Response:
-    """generateContent and streamGenerateContent are captured; countTokens, embedContent and
-    batchEmbedContents are relayed only."""
-    method = gemini_method(model_action)
-    if isinstance(method, Response):
-        return method
-    model, capture = method
-    return await ingest.gateway.handle(
-        request, api="gemini", path=request.url.path, model=model, capture=capture
-    )
-
-
-def _gemini_v1(action: str) -> Callable[..., Awaitable[Response]]:
-    """google-genai's default: `/v1/models/{model}:<action>`. A route per action, so the rest
-    of /v1/models (the hoster's, colons in its ids included) is not taken for Gemini's."""
-
-    async def gemini(model: str, request: Request, ingest: IngestDep) -> Response:
-        return await gemini_generate(f"{model}:{action}", request, ingest)
-
-    gemini.__name__ = f"gemini_v1_{action}"
-    gemini.__doc__ = (
-        "Captured, as on /v1beta." if action in GEMINI_ACTIONS else "Relayed only, not captured."
-    )
-    return gemini
-
-
-for _action in (*GEMINI_ACTIONS, *GEMINI_PASSTHROUGH_ACTIONS):
-    router.add_api_route(
-        f"/v1/models/{{model}}:{_action}",
-        _gemini_v1(_action),
-        methods=["POST"],
-        tags=["gateway"],
-        summary=f"Gemini {_action} (API version v1)",
-    )
-
-
-def _relayed_only(path: str, api: Api) -> Callable[..., Awaitable[Response]]:
-    async def relay(request: Request, ingest: IngestDep) -> Response:
-        return await ingest.gateway.handle(request, api=api, path=path, capture=False)
-
-    relay.__name__ = "relay_" + path.strip("/").replace("/", "_")
-    relay.__doc__ = f"Relayed to the model's {api} upstream unchanged; not captured."
-    return relay
-
-
-for _path, _api in PASSTHROUGH_PATHS.items():
-    router.add_api_route(_path, _relayed_only(_path, _api), methods=["POST"], tags=["gateway"])
-
-
-async def _model_optional(request: Request, ingest: Ingest) -> Response:
-    return await ingest.gateway.handle(
-        request, api="openai", path=request.url.path, capture=False, model_optional=True
-    )
-
-
-@router.get("/v1/responses/{response_id}", tags=["gateway"], summary="Responses: retrieve")
-@router.delete("/v1/responses/{response_id}", tags=["gateway"], summary="Responses: delete")
-@router.get(
-    "/v1/responses/{response_id}/input_items", tags=["gateway"], summary="Responses: input items"
-)
-@router.post("/v1/responses/{response_id}/cancel", tags=["gateway"], summary="Responses: cancel")
-async def stored_response(response_id: str, request: Request, ingest: IngestDep) -> Response:
-    """A response the Responses API stored: relayed, not captured, to the first OpenAI upstream
-    in the upstreams file (the call names no model)."""
-    return await _model_optional(request, ingest)
-
-
-@router.post("/v1/moderations", tags=["gateway"], summary="OpenAI moderations, relayed")
-async def moderations(request: Request, ingest: IngestDep) -> Response:
-    """Relayed, not captured: to the model's upstream, or without a model to the first OpenAI
-    upstream in the upstreams file."""
-    return await _model_optional(request, ingest)
-
-
-# --- OTLP traces ------------------------------------------------------------------------------
-
-
-@router.post("/v1/traces", tags=["otlp"], summary="OTLP/HTTP trace export (protobuf or JSON, gzip)")
-@reads_own_body
-async def otlp_traces(ingest: IngestDep) -> Response:
-    """OTLP/HTTP `ExportTraceServiceRequest`s, answered with an `ExportTraceServiceResponse`
-    (partial success for rejected spans) or a `google.rpc.Status`. Served ahead of FastAPI
-    (fastpath.py); this route documents it and hands the request over if ever reached."""
-    return _Asgi(ingest.traces)
+# --- gateway and OTLP traces -------------------------------------------------------------------
+# Their documentation, generated from the one route table (proxy_routes.py). ProxyRoutes answers
+# these calls before FastAPI routes anything; reached all the same (an app without it in front),
+# a route hands the call to the same ProxyEndpoints, so it is served and counted the same way.
 
 
 class _Asgi(Response):
@@ -173,6 +63,37 @@ class _Asgi(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._endpoint(scope, receive, send)
+
+
+def _proxied(route: ProxyRoute) -> Callable[..., Awaitable[Response]]:
+    """The endpoint of the FastAPI route that documents one entry of the table."""
+
+    @reads_own_body  # the gateway checks the key, then reads the body under a limit of its own
+    async def proxied(request: Request, **path_params: str) -> Response:
+        return _Asgi(request.app.state.proxy_endpoints)
+
+    # The template's parameters, declared as FastAPI would for `def f(model: str, ...)`.
+    template_params = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=str)
+        for name in route.params
+    ]
+    request = inspect.Parameter("request", inspect.Parameter.KEYWORD_ONLY, annotation=Request)
+    proxied.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [*template_params, request], return_annotation=Response
+    )
+    proxied.__name__ = route.name
+    proxied.__doc__ = route.description or None
+    return proxied
+
+
+for _route in ROUTES.routes:
+    router.add_api_route(
+        _route.template,
+        _proxied(_route),
+        methods=[_route.method],
+        tags=["otlp" if _route.family == "otlp" else "gateway"],
+        summary=_route.summary,
+    )
 
 
 # --- uploads ----------------------------------------------------------------------------------

@@ -37,9 +37,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="HTTP edge: the OpenAI/Anthropic/Gemini-compatible gateway, JSONL upload, OTLP trace receiver, sample store and dataset builder.",
         untraced=is_proxy_call,
     )
-    # The proxy routes and /v1/traces are answered ahead of FastAPI (api.py's routes document
-    # them): by the HTTP protocol itself when served by `python -m services.ingest`, else by the
-    # middleware.
+    # The proxied calls and /v1/traces (the table in proxy_routes.py, which api.py documents)
+    # are answered ahead of FastAPI: by the HTTP protocol itself when served by
+    # `python -m services.ingest`, else by the middleware.
     assert runtime.telemetry is not None
     endpoints = ProxyEndpoints(ingest.gateway, runtime.telemetry, ingest.traces)
     app.add_middleware(ProxyRoutes, endpoints=endpoints)

@@ -1,13 +1,14 @@
-"""The proxy routes and the OTLP receiver, served ahead of FastAPI: the hot paths as plain ASGI.
+"""The proxied calls and the OTLP receiver, served ahead of FastAPI: the hot paths as plain ASGI.
 
 A proxied call needs no framework routing, dependency resolution or per-request span, and on a
-small machine those cost more than the proxying itself. `ProxyEndpoints` answers the three
-provider paths through `Gateway.serve`, and `POST /v1/traces` through `TraceReceiver` (an
-export of a trace or two is cheaper to decode than FastAPI's share of it). The HTTP server
-hands those calls to it directly (services.ingest.gateway_protocol); `ProxyRoutes` does the
-same as middleware in front of the app, for any other ASGI server (and the tests' in-process
-clients). Those calls are excluded from FastAPI's tracing (`is_proxy_call`); they are still
-counted in `http_server_requests_total` (by route template, in batches: one counter update per
+small machine those cost more than the proxying itself. `ProxyEndpoints` answers every call in
+the route table (services.ingest.proxy_routes, which api.py documents from too): the provider
+calls through `Gateway.serve`, `POST /v1/traces` through `TraceReceiver` (an export of a trace or
+two is cheaper to decode than FastAPI's share of it). The HTTP server hands those calls to it
+directly (services.ingest.gateway_protocol); `ProxyRoutes` does the same as middleware in front
+of the app, for any other ASGI server (and the tests' in-process clients). Those calls are
+excluded from FastAPI's tracing (`is_proxy_call`); they are still counted in
+`http_server_requests_total` (by method and route template, in batches: one counter update per
 second and label set instead of one per call) and still carry `x-tuneloop-served-by`.
 """
 
@@ -21,26 +22,11 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.ingest.gateway import (
-    CAPTURED_PATHS,
-    GEMINI_ACTIONS,
-    GEMINI_PASSTHROUGH_ACTIONS,
-    PASSTHROUGH_PATHS,
-    Gateway,
-    gemini_method,
-    model_optional_call,
-)
-from services.ingest.routing import Api
+from services.ingest.gateway import Gateway, gemini_method
+from services.ingest.proxy_routes import ROUTES, ProxyRoute
 from services.ingest.traces import TraceReceiver
 from shared.telemetry import Telemetry
 
-OTLP_TRACES = "/v1/traces"
-GEMINI_PREFIX = "/v1beta/models/"
-GEMINI_TEMPLATE = "/v1beta/models/{model_action}"
-# google-genai calls /v1 by default. There only Gemini's own actions are Gemini calls: the rest of
-# /v1/models is the hoster's (relayed), whose model ids hold colons too (ft:<base>:<suffix>:<job>).
-GEMINI_V1_PREFIX = "/v1/models/"
-_ALL_GEMINI_ACTIONS = frozenset((*GEMINI_ACTIONS, *GEMINI_PASSTHROUGH_ACTIONS))
 _FLUSH_S = 1.0
 
 
@@ -53,40 +39,7 @@ def is_proxy_call(scope: MutableMapping[str, Any]) -> bool:
 
 def answers(method: str, path: str) -> bool:
     """Whether a request is one of the proxied provider calls or an OTLP trace export."""
-    if method == "POST" and (
-        path in CAPTURED_PATHS
-        or path in PASSTHROUGH_PATHS
-        or path == OTLP_TRACES
-        or _gemini_model_action(path)
-    ):
-        return True
-    return model_optional_call(method, path) is not None
-
-
-def _gemini_model_action(path: str) -> str | None:
-    """`<model>:<action>` of a Gemini call's path, else None: anything under /v1beta/models/
-    (an unknown action gets Gemini's 404), under /v1/models/ only Gemini's actions."""
-    for prefix in (GEMINI_PREFIX, GEMINI_V1_PREFIX):
-        if path.startswith(prefix):
-            rest = path[len(prefix) :]
-            if not rest or "/" in rest:
-                return None
-            if prefix == GEMINI_PREFIX or _gemini_v1_action(rest) is not None:
-                return rest
-    return None
-
-
-def _gemini_v1_action(model_action: str) -> str | None:
-    """The Gemini action `<model>:<action>` ends in, if it is one (the /v1 route's template)."""
-    model, colon, action = model_action.rpartition(":")
-    return action if model and colon and action in _ALL_GEMINI_ACTIONS else None
-
-
-def _gemini_template(path: str, model_action: str) -> str:
-    """The route template a Gemini call is counted under, as api.py documents it."""
-    if path.startswith(GEMINI_PREFIX):
-        return GEMINI_TEMPLATE
-    return f"{GEMINI_V1_PREFIX}{{model}}:{_gemini_v1_action(model_action)}"
+    return ROUTES.match(method, path) is not None
 
 
 class ProxyRoutes:
@@ -105,18 +58,19 @@ class ProxyRoutes:
 
 
 class ProxyEndpoints:
-    """The three provider paths and the OTLP receiver as one raw ASGI app; only ever given
-    calls `answers` accepts."""
+    """Every call of the route table as one raw ASGI app; only ever given calls `answers`
+    accepts."""
 
     def __init__(self, gateway: Gateway, telemetry: Telemetry, traces: TraceReceiver) -> None:
         self.gateway = gateway
         self.traces = traces
         self.telemetry = telemetry
-        self._counts: Counter[tuple[str, int]] = Counter()
+        self._counts: Counter[tuple[str, str, int]] = Counter()  # method, template, status
         self._flush_pending = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path: str = scope["path"]
+        route = ROUTES.match(scope["method"], scope["path"])
+        assert route is not None, f"{scope['method']} {scope['path']} is not a proxied call"
         status = 500  # what the client gets when serving raises before responding
 
         async def noting_status(message: Message) -> None:
@@ -125,42 +79,25 @@ class ProxyEndpoints:
                 status = message["status"]
             await send(message)
 
-        if path == OTLP_TRACES:
-            try:
-                await self.traces(scope, receive, noting_status)
-            finally:
-                self._count(path, status)
-            return
-        api: Api | None = CAPTURED_PATHS.get(path) or PASSTHROUGH_PATHS.get(path)
-        if api is not None:
-            capture = path in CAPTURED_PATHS
-            try:
-                await self.gateway.serve(
-                    scope, receive, noting_status, api=api, path=path, capture=capture
-                )
-            finally:
-                self._count(path, status)
-            return
-        model_action = _gemini_model_action(path) if scope["method"] == "POST" else None
-        if model_action is None:
-            optional = model_optional_call(scope["method"], path)
-            assert optional is not None, f"{scope['method']} {path} is not a proxied call"
-            api, counted_as = optional
-            try:
-                await self.gateway.serve(
-                    scope, receive, noting_status, api=api, path=path, capture=False,
-                    model_optional=True,
-                )  # fmt: skip
-            finally:
-                self._count(counted_as, status)
-            return
         try:
-            await self._gemini(scope, receive, noting_status, model_action)
+            await self._serve(route, scope, receive, noting_status)
         finally:
-            self._count(_gemini_template(path, model_action), status)
+            self._count(route, status)
 
-    async def _gemini(self, scope: Scope, receive: Receive, send: Send, model_action: str) -> None:
-        method = gemini_method(model_action)
+    async def _serve(self, route: ProxyRoute, scope: Scope, receive: Receive, send: Send) -> None:
+        if route.family == "otlp":
+            await self.traces(scope, receive, send)
+        elif route.family == "gemini":
+            await self._gemini(scope, receive, send)
+        else:
+            await self.gateway.serve(
+                scope, receive, send, api=route.api, path=scope["path"],
+                capture=route.capture == "captured", model_optional=route.model_optional,
+            )  # fmt: skip
+
+    async def _gemini(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The model and the action are the path's last segment, `<model>:<action>`.
+        method = gemini_method(scope["path"].rpartition("/")[2])
         if isinstance(method, Response):
             await self.gateway.refuse(method, scope, receive, send)
             return
@@ -169,8 +106,8 @@ class ProxyEndpoints:
             scope, receive, send, api="gemini", path=scope["path"], model=model, capture=capture
         )
 
-    def _count(self, route: str, status: int) -> None:
-        self._counts[(route, status)] += 1
+    def _count(self, route: ProxyRoute, status: int) -> None:
+        self._counts[(route.method, route.template, status)] += 1
         if not self._flush_pending:
             self._flush_pending = True
             asyncio.get_running_loop().call_later(_FLUSH_S, self.flush)
@@ -178,12 +115,12 @@ class ProxyEndpoints:
     def flush(self) -> None:
         """Add the calls counted since the last flush to the request counter."""
         counts, self._counts, self._flush_pending = self._counts, Counter(), False
-        for (route, status), count in counts.items():
+        for (method, route, status), count in counts.items():
             self.telemetry.requests.add(
                 count,
                 {
                     "service": self.telemetry.service_name,
-                    "method": "POST",
+                    "method": method,
                     "route": route,
                     "status": str(status),
                 },

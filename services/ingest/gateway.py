@@ -5,9 +5,10 @@ so the official SDKs raise their usual exceptions: 401 for a missing or bad tune
 an unreadable body, 404 for an unknown model, 413 for a body over the limit, 502 when the
 upstream cannot be reached.
 
-`Gateway.serve` is a raw ASGI handler: services.ingest.fastpath routes the proxy paths to it ahead
-of FastAPI, so a proxied call pays for no framework routing, dependency resolution or per-request
-span. `Gateway.handle` adapts it to a FastAPI route (the routes in api.py document the API).
+`Gateway.serve` is a raw ASGI handler for one proxied call. Which calls those are, and how each is
+served (API family, captured or relayed, model optional), is the table in
+services.ingest.proxy_routes; services.ingest.fastpath dispatches from it ahead of FastAPI, so a
+proxied call pays for no framework routing, dependency resolution or per-request span.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from services.ingest import targets
 from services.ingest.capture import CapturedCall
 from services.ingest.config import IngestSettings
 from services.ingest.errors import error_response, model_not_found
-from services.ingest.normalize import RESPONSES_PATH
 from services.ingest.proxy import Incoming, UpstreamUnreachable, forward, parse_tags
+from services.ingest.proxy_routes import GEMINI_ACTIONS
 from services.ingest.purpose import PurposeRefused, check_tags, purpose_tag
 from services.ingest.routing import VERSION_TAG_PREFIX, Api, RoutingTable
 from services.ingest.upstream_pool import UpstreamPool
@@ -44,48 +45,9 @@ from shared.auth import Scope as AuthScope
 
 log = logging.getLogger("tuneloop.ingest.gateway")
 
-# Provider calls that are proxied and captured (Gemini's name the model in the path, below).
-CAPTURED_PATHS: dict[str, Api] = {
-    "/v1/chat/completions": "openai",
-    RESPONSES_PATH: "openai",
-    "/v1/messages": "anthropic",
-}
-GEMINI_ACTIONS = ("generateContent", "streamGenerateContent")
-# Provider calls relayed to the model's upstream like the ones above but not captured: they are
-# not conversations (embeddings, token counts), or not in a shape the normalisers read (legacy
-# completions). Without them an SDK pointed at the gateway would get a 404 for them.
-PASSTHROUGH_PATHS: dict[str, Api] = {
-    "/v1/embeddings": "openai",
-    "/v1/completions": "openai",
-    "/v1/messages/count_tokens": "anthropic",
-}
-GEMINI_PASSTHROUGH_ACTIONS = ("countTokens", "embedContent", "batchEmbedContents")
-# Provider calls whose body may name no model: about a response the Responses API stored
-# (retrieve, delete, list its input items, cancel; the id is in the path) or with the model
-# optional (moderations). Relayed, not captured: to the upstream of the model when the body names
-# one, else to the first upstream of their API family in the upstreams file.
-RESPONSES_PREFIX = RESPONSES_PATH + "/"
-_STORED_RESPONSE_CALLS = frozenset(
-    {("GET", ""), ("DELETE", ""), ("GET", "/input_items"), ("POST", "/cancel")}
-)
-MODEL_OPTIONAL_PATHS: dict[str, Api] = {"/v1/moderations": "openai"}
 _MISSING_KEY = f"missing tuneloop API key: send it as {ACCEPTED_KEY_SOURCES}"
 # Provider calls cost money and make samples: a read key may not make them (docs/keys.md).
 GATEWAY_SCOPES: tuple[AuthScope, ...] = ("write", "internal")
-
-
-def model_optional_call(method: str, path: str) -> tuple[Api, str] | None:
-    """For a call whose body may name no model (see MODEL_OPTIONAL_PATHS), its API family and
-    the path to count it under (ids left out); None for any other call."""
-    if method == "POST" and path in MODEL_OPTIONAL_PATHS:
-        return MODEL_OPTIONAL_PATHS[path], path
-    if not path.startswith(RESPONSES_PREFIX):
-        return None
-    response_id, slash, rest = path[len(RESPONSES_PREFIX) :].partition("/")
-    tail = slash + rest
-    if response_id and (method, tail) in _STORED_RESPONSE_CALLS:
-        return "openai", f"{RESPONSES_PREFIX}{{response_id}}{tail}"
-    return None
 
 
 class BodyTooLarge(Exception):
@@ -147,22 +109,6 @@ class Gateway:
         principal = await self._authenticator.verify(key)
         check_scope(principal, *accepted, action=f"{scope['method']} {scope['path']}")
         return principal, await self._body(headers, receive)
-
-    async def handle(
-        self,
-        request: Request,
-        *,
-        api: Api,
-        path: str,
-        model: str | None = None,
-        capture: bool = True,
-        model_optional: bool = False,
-    ) -> Response:
-        """The proxied call as a Response for a FastAPI route; `serve` does the work (when
-        ProxyRoutes is in front, as in app.py, these routes only document the API)."""
-        return _Served(
-            self, api=api, path=path, model=model, capture=capture, model_optional=model_optional
-        )
 
     async def serve(
         self,
@@ -297,45 +243,14 @@ class Gateway:
             log.exception("capture of call %s failed", call.request_id)
 
 
-class _Served(Response):
-    """A FastAPI route's answer that hands the connection to `Gateway.serve`."""
-
-    def __init__(
-        self,
-        gateway: Gateway,
-        *,
-        api: Api,
-        path: str,
-        model: str | None,
-        capture: bool,
-        model_optional: bool,
-    ) -> None:
-        super().__init__()
-        self._gateway, self._api, self._path, self._model = gateway, api, path, model
-        self._capture, self._model_optional = capture, model_optional
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._gateway.serve(
-            scope,
-            receive,
-            send,
-            api=self._api,
-            path=self._path,
-            model=self._model,
-            capture=self._capture,
-            model_optional=self._model_optional,
-        )
-
-
 def gemini_method(model_action: str) -> tuple[str, bool] | Response:
     """`<model>:<action>` of a Gemini path -> (model, whether the call is captured), or the
     404 Gemini gives for a method it does not have."""
     model, _, action = model_action.rpartition(":")
-    if model and action in GEMINI_ACTIONS:
-        return model, True
-    if model and action in GEMINI_PASSTHROUGH_ACTIONS:
-        return model, False
-    methods = ", ".join(f":{name}" for name in (*GEMINI_ACTIONS, *GEMINI_PASSTHROUGH_ACTIONS))
+    captured = GEMINI_ACTIONS.get(action)
+    if model and captured is not None:
+        return model, captured
+    methods = ", ".join(f":{name}" for name in GEMINI_ACTIONS)
     return error_response(
         "gemini", 404, f"unknown method {model_action!r}: use <model> followed by one of {methods}"
     )

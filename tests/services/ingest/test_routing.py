@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.ingest.fastpath import answers
-from services.ingest.gateway import model_optional_call
+from services.ingest.proxy_routes import ROUTES
 from services.ingest.routing import RoutingTable, Upstream
 
 OPENAI_A = Upstream("openai", "openai", "https://api.openai.com", ("gpt-*",))
@@ -34,7 +34,9 @@ CLAUDE = Upstream("anthropic", "anthropic", "https://api.anthropic.com", ("claud
 def test_which_calls_may_name_no_model(
     method: str, path: str, expected: tuple[str, str] | None
 ) -> None:
-    assert model_optional_call(method, path) == expected
+    route = ROUTES.match(method, path)
+    optional = (route.family, route.template) if route and route.model_optional else None
+    assert optional == expected
     # The gateway takes exactly these (and its usual POSTs) ahead of FastAPI.
     assert answers(method, path) == (expected is not None or path == "/v1/chat/completions")
 
