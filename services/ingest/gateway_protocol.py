@@ -10,6 +10,11 @@ machine a loopback send costs tens of microseconds. So, for a proxied call only:
 Everything else (parsing, keep-alive, flow control, chunked encoding, header checks, error
 answers) is uvicorn's own code, unchanged. Any other request, a pipelined one arriving while
 another is answered, or an upgrade goes through uvicorn's usual path to the whole app.
+
+It is built on uvicorn's private modules. gateway_protocol_contract.py lists what it takes from
+them; its `http_protocol` picks uvicorn's own protocol instead (ProxyRoutes then answers the
+proxied calls) when the installed uvicorn breaks that contract, and its test pins the uvicorn
+this was checked with.
 """
 
 from __future__ import annotations
