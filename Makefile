@@ -14,6 +14,10 @@ ACCEL_SOURCES := shared/accel.py shared/accel_build.py shared/redact.py services
 # Nothing may come from a model hub, in tests or at run time.
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
+# The local stack, the demo and the benchmarks run with the development defaults: unset,
+# TUNELOOP_ENV means production, which refuses them (docs/keys.md). A value set outside make
+# wins, except in the tests (tests/conftest.py sets development).
+export TUNELOOP_ENV ?= development
 
 .PHONY: help install accel model demo test test-fast lint format up down status events lock clean \
 	bench bench-gateway bench-ingest bench-datasets bench-train bench-recipe bench-venv wrk

@@ -2,11 +2,14 @@
 
 Defaults point at the local stack `make up` starts. Ports avoid the standard ones (4222, 9000,
 5432, ...) because development and CI machines often run their own NATS/PostgreSQL/Redis there.
+With TUNELOOP_ENV unset a process runs as production, which refuses the development secrets and
+credentials (docs/keys.md); the Makefile and the tests set TUNELOOP_ENV=development.
 Hyperparameters are not settings: they live in recipe YAML and job configs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -33,6 +36,15 @@ _PLACEHOLDER_SECRETS = frozenset(
 )
 
 
+# Production's floor for the secrets tuneloop checks itself: the admin and service tokens and the
+# webhook signing secret (`secrets.token_urlsafe(32)` makes 43 characters).
+MIN_SECRET_LENGTH = 32
+
+# The local stack's S3 credentials: its SeaweedFS gateway is given these (localstack.prepare_s3).
+DEV_S3_ACCESS_KEY = "tuneloop-dev"
+DEV_S3_SECRET_KEY = "tuneloop-dev-secret"  # noqa: S105 - refused in production
+
+
 class SettingsError(ValueError):
     """A setting is missing or malformed; the message names the environment variable."""
 
@@ -46,7 +58,9 @@ def _config(prefix: str) -> SettingsConfigDict:
 class AppSettings(BaseSettings):
     model_config = _config("TUNELOOP_")
 
-    env: Environment = "development"
+    # Unset means production: a deployment that forgets it gets the strict checks, not the
+    # development defaults.
+    env: Environment = "production"
     data_dir: Path = Path(".tuneloop")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_json: bool = True
@@ -98,8 +112,8 @@ class S3Settings(BaseSettings):
     port: int = Field(default=8433, ge=1, le=65535)
     # host:port of the S3 API; defaults to the local SeaweedFS gateway from host/port.
     endpoint: str = ""
-    access_key: str = "tuneloop-dev"
-    secret_key: SecretStr = SecretStr("tuneloop-dev-secret")
+    access_key: str = DEV_S3_ACCESS_KEY
+    secret_key: SecretStr = SecretStr(DEV_S3_SECRET_KEY)
     bucket: str = Field(default="tuneloop", min_length=3, max_length=63)
     region: str = "us-east-1"
     secure: bool = False
@@ -215,20 +229,49 @@ def _load(cls: type[BaseSettings], **overrides: Any) -> Any:
         raise SettingsError(f"invalid settings: {problems}") from None
 
 
-def _refuse_placeholders(settings: Settings) -> None:
+def secret_problem(variable: str, value: SecretStr) -> str | None:
+    """Why `value` cannot be `variable`'s production secret, or None; never quotes the value."""
+    plain = value.get_secret_value()
+    if plain.strip().lower() in _PLACEHOLDER_SECRETS:
+        return f"{variable} is a development placeholder"
+    if len(plain) < MIN_SECRET_LENGTH:
+        return f"{variable} must be at least {MIN_SECRET_LENGTH} characters in production"
+    return None
+
+
+def refuse_weak_secrets(app: AppSettings, secrets: Mapping[str, SecretStr]) -> None:
+    """In production, raise SettingsError naming every variable of `secrets` (variable: value)
+    that holds a placeholder or fewer than MIN_SECRET_LENGTH characters. For a service's own
+    secrets (the scheduler's webhook secret); load_settings checks the shared ones."""
+    if not app.is_development:
+        _refuse(app, [p for name, value in secrets.items() if (p := secret_problem(name, value))])
+
+
+def _refuse(app: AppSettings, problems: list[str]) -> None:
+    if problems:
+        raise SettingsError(
+            f"invalid settings: {'; '.join(problems)} (TUNELOOP_ENV={app.env}, the default when "
+            "unset; the local stack and the tests run with TUNELOOP_ENV=development)"
+        )
+
+
+def _refuse_development_values(settings: Settings) -> None:
     if settings.app.is_development:
         return
     secrets = {
-        "TUNELOOP_S3_SECRET_KEY": settings.s3.secret_key.get_secret_value(),
-        "TUNELOOP_AUTH_ADMIN_TOKEN": settings.auth.admin_token.get_secret_value(),
-        "TUNELOOP_AUTH_SERVICE_TOKEN": settings.auth.service_token.get_secret_value(),
+        "TUNELOOP_AUTH_ADMIN_TOKEN": settings.auth.admin_token,
+        "TUNELOOP_AUTH_SERVICE_TOKEN": settings.auth.service_token,
     }
-    weak = [name for name, value in secrets.items() if value.lower() in _PLACEHOLDER_SECRETS]
-    if weak:
-        raise SettingsError(
-            f"invalid settings: {', '.join(weak)} still hold a development placeholder; "
-            f"set real secrets when TUNELOOP_ENV={settings.app.env}"
-        )
+    problems = [p for name, value in secrets.items() if (p := secret_problem(name, value))]
+    # S3 keys are the provider's to shape (AWS access keys have 20 characters): production only
+    # refuses the local stack's, and placeholders for the secret.
+    if settings.s3.access_key == DEV_S3_ACCESS_KEY:
+        problems.append("TUNELOOP_S3_ACCESS_KEY is the local stack's development default")
+    if settings.s3.secret_key.get_secret_value().strip().lower() in _PLACEHOLDER_SECRETS:
+        problems.append("TUNELOOP_S3_SECRET_KEY is a development placeholder")
+    # NATS has no credential settings, so no development default to refuse: the local server is
+    # anonymous, and a deployment's credentials ride in TUNELOOP_NATS_URL (docs/keys.md).
+    _refuse(settings.app, problems)
 
 
 def load_settings(**overrides: dict[str, Any]) -> Settings:
@@ -245,7 +288,7 @@ def load_settings(**overrides: dict[str, Any]) -> Settings:
         auth=_load(AuthSettings, **overrides.get("auth", {})),
         telemetry=_load(TelemetrySettings, **overrides.get("telemetry", {})),
     )
-    _refuse_placeholders(settings)
+    _refuse_development_values(settings)
     return settings
 
 

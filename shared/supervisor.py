@@ -79,7 +79,10 @@ def _port_conflicts(components: list[Component]) -> list[str]:
 
 
 def _start(settings: Settings, comp: Component) -> None:
-    process = localstack.spawn(comp, _log_path(settings, comp.name))
+    # The components run in the environment these settings were checked in, whatever the
+    # caller's own TUNELOOP_ENV says (unset would make each service production).
+    env: dict[str, str] = {"TUNELOOP_ENV": settings.app.env}
+    process = localstack.spawn(comp, _log_path(settings, comp.name), env=env)
     record = {
         "pid": process.pid,
         "create_time": psutil.Process(process.pid).create_time(),

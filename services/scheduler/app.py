@@ -32,8 +32,8 @@ log = logging.getLogger("tuneloop.scheduler")
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     runtime = ServiceRuntime(SERVICE, settings)
-    own = SchedulerSettings()
     common = runtime.settings
+    own = SchedulerSettings.load(common.app)
     ingest_url = own.ingest_url or (
         f"http://{common.app.bind_host}:{common.services.port_of('ingest')}"
     )

@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.scheduler.throughput import DeviceClass
+from shared.settings import AppSettings, refuse_weak_secrets
 
 
 class SchedulerSettings(BaseSettings):
@@ -24,7 +25,7 @@ class SchedulerSettings(BaseSettings):
     # Attempts' work directories (config, log, exit status); default: <data dir>/jobs.
     work_dir: Path | None = None
     # Each job's webhook secret is derived from this one (HMAC of the job id), so no secret is
-    # stored per job or travels on the bus. Refused as a placeholder outside development.
+    # stored per job or travels on the bus. Production refuses a placeholder or a short one.
     webhook_secret: SecretStr = SecretStr("tuneloop-dev-webhook")
     # The device class the local provider trains on: the recipe's throughput row.
     local_device: DeviceClass = "cpu"
@@ -39,3 +40,11 @@ class SchedulerSettings(BaseSettings):
     poll_interval_s: float = Field(default=2.0, gt=0)
     # The ingest service, for dataset builds of uploaded files (default: the local stack's).
     ingest_url: str | None = None
+
+    @classmethod
+    def load(cls, app: AppSettings) -> SchedulerSettings:
+        """The settings from the environment; in production the webhook secret must be a real
+        one (shared.settings.refuse_weak_secrets), as the shared secrets must be."""
+        own = cls()
+        refuse_weak_secrets(app, {"TUNELOOP_SCHEDULER_WEBHOOK_SECRET": own.webhook_secret})
+        return own
