@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
+import nats.errors
 import uvicorn
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse
@@ -88,7 +89,12 @@ class ServiceRuntime:
             for stop in reversed(started):
                 await stop()
             await self.presence.stop()
-            await self.broker.stop()
+            try:
+                await self.broker.stop()
+            except nats.errors.ConnectionReconnectingError:
+                # Stopped while NATS is away: there is nothing to drain to. What consumers had
+                # fetched and not acked comes back to the next process after its ack wait.
+                log.warning("stopped while reconnecting to NATS; nothing was drained")
             self.engine.dispose()
 
     def health(self) -> dict[str, Any]:
