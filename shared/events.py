@@ -158,20 +158,33 @@ class ServiceHeartbeat(SystemEvent):
 
 
 class SampleCaptured(Event):
-    """A call, upload line or trace became a canonical sample; the ingest persister stores it."""
+    """A call, upload line or trace became a canonical sample; the ingest persister stores it.
+
+    A sample whose event would pass `INLINE_SAMPLE_MAX_BYTES` travels by reference: `sample` is
+    None and `sample_ref` is the s3:// URI of its JSON under the tenant's prefix, written before
+    the event is published (the persister reads it from there)."""
 
     event_name = "sample.captured"
     stream = SAMPLES
     bundled = True
-    sample: Sample
+    sample: Sample | None = None
+    sample_ref: str | None = None
 
     @model_validator(mode="after")
-    def _same_tenant(self) -> SampleCaptured:
-        if self.sample.tenant != self.tenant:
+    def _one_sample(self) -> SampleCaptured:
+        if (self.sample is None) == (self.sample_ref is None):
+            raise ValueError("exactly one of sample and sample_ref must be given")
+        if self.sample is not None and self.sample.tenant != self.tenant:
             raise ValueError(
                 f"sample.tenant {self.sample.tenant!r} differs from event tenant {self.tenant!r}"
             )
         return self
+
+
+# Larger sample.captured events carry their sample by reference: a whole bundle's worth
+# (shared.bus.MAX_BUNDLE_BYTES), far below the samples stream's message limit, so the stream
+# never refuses a sample for its size whatever the gateway accepted.
+INLINE_SAMPLE_MAX_BYTES = 1024 * 1024
 
 
 class DatasetBuildRequested(Event):

@@ -6,8 +6,11 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
+import secrets
 import signal
 import sys
+from dataclasses import dataclass
+from functools import cache
 from typing import Literal
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -24,6 +27,56 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:  # exists, owned by someone else
         return True
     return True
+
+
+def start_mark(pid: int) -> str | None:
+    """When the process with this pid started, as the kernel counts it (clock ticks since boot,
+    /proc/<pid>/stat field 22); None when no such process runs or there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces: split after it.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Incarnation:
+    """One run of a process: its pid and when it started. A pid alone is not enough: a container
+    restarts its process under the same pid, so files named by pid would be taken for the new
+    process's own. Without /proc (not Linux) the mark is random, and `alive` falls back to the
+    pid, which such systems do not reuse this quickly."""
+
+    pid: int
+    mark: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.pid}.{self.mark}"
+
+    @classmethod
+    def parse(cls, name: str) -> Incarnation | None:
+        pid, dot, mark = name.partition(".")
+        if not (pid.isdigit() and dot and mark.isalnum()):
+            return None
+        return cls(int(pid), mark)
+
+    def alive(self) -> bool:
+        if not pid_alive(self.pid):
+            return False
+        mark = start_mark(self.pid)
+        return mark is None or mark == self.mark or not self.mark.isdigit()
+
+
+def this_incarnation() -> Incarnation:
+    return _incarnation(os.getpid())  # by pid: a forked child is an incarnation of its own
+
+
+@cache
+def _incarnation(pid: int) -> Incarnation:
+    return Incarnation(pid, start_mark(pid) or secrets.token_hex(6))
 
 
 def die_with_parent(parent_pid: int, sig: signal.Signals = signal.SIGTERM) -> None:

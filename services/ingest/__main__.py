@@ -1,7 +1,6 @@
 """`python -m services.ingest`: serve the ingest service on its configured port."""
 
 from services.ingest.app import SERVICE
-from services.ingest.config import IngestSettings
 from services.ingest.gateway_protocol_contract import http_protocol
 from shared.service import run
 
@@ -12,7 +11,6 @@ from shared.service import run
 run(
     SERVICE,
     "services.ingest.app:create_worker_app",
-    workers=IngestSettings().workers,
     access_log=False,
     http=http_protocol(),
 )

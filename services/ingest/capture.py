@@ -1,10 +1,10 @@
-"""Capture off the hot path: captured calls become samples and events after the response is sent.
+"""What capture works on: a proxied call as bytes, how it is read, the spill file, the counts.
 
-`submit` never blocks and never fails the user's call: a call goes into a bounded queue, or, when
-the queue is full, straight to the spill file. Workers normalise, move media to object storage
-and publish `sample.captured` on JetStream (the event id is the sample id, so a replayed sample
-is stored once). Whatever cannot be published now (NATS or S3 away) is appended to the spill
-file and replayed when they return, so no accepted sample is lost across restarts either.
+The gateway journals each call it answered (journal.py); the shipper process reads the journal
+and hands the calls to the capture pipeline (pipeline.py), which normalises, scrubs, moves media
+and oversized samples to object storage and publishes `sample.captured`. Whatever cannot be
+published now (NATS or S3 away) goes to the spill file (`SpillFile`, capped) and is replayed
+when they return, so no accepted sample is lost across restarts either.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import base64
 import contextlib
 import gzip
 import logging
-import os
 import time
 import zlib
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -25,11 +25,14 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from services.ingest.config import IngestSettings
 from services.ingest.normalize import Exchange, NormalizeError
+from services.ingest.private_files import private_dir, private_file
 from services.ingest.routing import Api
 from shared.bus import EncodedEvent
 from shared.events import SampleCaptured
-from shared.processes import pid_alive
+from shared.processes import Incarnation, this_incarnation
+from shared.settings import Settings
 
 log = logging.getLogger("tuneloop.ingest.capture")
 
@@ -148,56 +151,117 @@ def _exchange(
         tags=call.tags,
     )
 
-    return True
-
 
 class SpillFile:
-    """An append-only JSONL file of records that could not be processed yet."""
+    """An append-only JSONL file of records that could not be processed yet, capped in size.
 
-    def __init__(self, path: Path) -> None:
+    Replay claims the file (renames it aside, so new records go to a fresh one) and reads the
+    claimed file as a stream. The cap counts the live file and every claimed one: past it a new
+    record is refused (`append` returns False) and the caller counts it; a record written back
+    while a claimed file is being replayed (`readmitting`) takes the place of the one it came
+    from and is never refused. The service process and its shipper share one data directory and
+    so one spill file; a claim is named after the incarnation that made it, and one whose maker
+    is gone is replayed by whoever finds it."""
+
+    def __init__(self, path: Path, *, max_bytes: int = 1024**3) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        private_dir(path.parent)
+        self._used = 0  # bytes of the live file and the claimed ones, at the last look
+        self._looked_at = -1.0
 
-    def append(self, kind: str, payload: dict[str, Any]) -> None:
+    def append(self, kind: str, payload: dict[str, Any]) -> bool:
+        """Keep the record; False (nothing written) when the file is at its cap."""
         line = orjson.dumps({"kind": kind, "payload": payload}) + b"\n"
+        if not _readmitting.get() and self.used() + len(line) > self.max_bytes:
+            return False
         # One write per record and a flush: a killed process leaves whole lines behind.
-        with self.path.open("ab") as handle:
+        with private_file(self.path) as handle:
             handle.write(line)
             handle.flush()
+        self._used += len(line)
+        return True
+
+    def used(self) -> int:
+        """Bytes held, live file and claims; looked up again at most every half second (the
+        other process sharing the file appends too)."""
+        now = time.monotonic()
+        if now - self._looked_at > 0.5:
+            self._used = sum(_size(path) for path in (self.path, *self._all_claims()))
+            self._looked_at = now
+        return self._used
 
     def pending(self) -> bool:
-        return (self.path.exists() and self.path.stat().st_size > 0) or any(self._claimed())
+        return _size(self.path) > 0 or any(self._claimed())
+
+    def _all_claims(self) -> list[Path]:
+        return sorted(self.path.parent.glob(self.path.name + CLAIM_INFIX + "*"))
 
     def _claimed(self) -> list[Path]:
-        """Files claimed by this process, or by one that died before replaying them. With several
-        worker processes on one data dir, a live sibling's claim is its own to replay."""
-        mine = str(os.getpid())
+        """Files claimed by this process, or by one that is gone (killed before it finished
+        replaying them). A claim of the live process sharing the file is its own to replay."""
+        mine = this_incarnation()
         claimed = []
-        for path in sorted(self.path.parent.glob(self.path.name + ".replaying-*")):
-            owner = path.name.rsplit(".replaying-", 1)[1].partition("-")[0]
-            if owner == mine or not (owner.isdigit() and pid_alive(int(owner))):
+        for path in self._all_claims():
+            owner = claim_owner(path)
+            if owner is None or owner == mine or not owner.alive():
                 claimed.append(path)
         return claimed
 
     def claim(self) -> list[Path]:
         """Move the current file aside (new records go to a fresh one) and return every claimed file."""
-        if self.path.exists() and self.path.stat().st_size > 0:
-            aside = f"{self.path.name}.replaying-{os.getpid()}-{time.time_ns()}"
-            with contextlib.suppress(FileNotFoundError):  # a sibling process claimed it first
+        if _size(self.path) > 0:
+            aside = f"{self.path.name}{CLAIM_INFIX}{this_incarnation().name}-{time.time_ns()}"
+            with contextlib.suppress(FileNotFoundError):  # the other process claimed it first
                 self.path.rename(self.path.with_name(aside))
         return self._claimed()
 
     @staticmethod
-    def records(claimed: Path) -> list[dict[str, Any]]:
-        records = []
+    def records(claimed: Path) -> Iterator[dict[str, Any]]:
+        """The claimed file's records, read as a stream; a torn last line (a crash) is skipped."""
         try:
-            data = claimed.read_bytes()
-        except FileNotFoundError:  # a dead owner's claim, replayed by a sibling just now
-            return []
-        for line in data.splitlines():
-            with contextlib.suppress(orjson.JSONDecodeError):  # a torn last line from a crash
-                records.append(orjson.loads(line))
-        return records
+            handle = claimed.open("rb")
+        except FileNotFoundError:  # a dead owner's claim, replayed by the other process just now
+            return
+        with handle:
+            for line in handle:
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    yield orjson.loads(line)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def readmitting() -> Iterator[None]:
+        """Records appended inside this block (and the tasks it starts) are being written back
+        by a replay: they are never refused for the cap."""
+        token = _readmitting.set(True)
+        try:
+            yield
+        finally:
+            _readmitting.reset(token)
+
+
+def spill_file(settings: Settings, ingest: IngestSettings) -> SpillFile:
+    """The spill file of a data directory (the service's and its shipper's)."""
+    path = settings.app.data_dir.resolve() / "ingest" / "capture-spill.jsonl"
+    return SpillFile(path, max_bytes=ingest.spill_max_bytes)
+
+
+CLAIM_INFIX = ".replaying-"
+_readmitting: ContextVar[bool] = ContextVar("spill_readmitting", default=False)
+
+
+def claim_owner(path: Path) -> Incarnation | None:
+    """Who claimed a spill file (`<spill>.replaying-<incarnation>-<ns>`); None for a claim
+    named by an earlier version (by pid only), whose maker is gone."""
+    owner = path.name.rpartition(CLAIM_INFIX)[2].rpartition("-")[0]
+    return Incarnation.parse(owner)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 _MAX_REASONS = 10_000

@@ -39,28 +39,18 @@ class IngestSettings(BaseSettings):
     max_body_bytes: int = Field(default=32 * 1024**2, ge=1024)
     # Uploads to /v1/files larger than this get 413 (OpenAI's files API takes up to 512 MB).
     max_upload_bytes: int = Field(default=512 * 1024**2, ge=1024)
-    # Captured calls waiting to be normalised and published; beyond this they go to the spill file.
-    capture_queue_size: int = Field(default=10_000, ge=1)
-    # Worker processes sharing the port (uvicorn workers). Each has its own event loop, capture
-    # pipeline, journal segments and routing table; more than one suits a machine whose other
-    # cores are otherwise idle.
-    workers: int = Field(default=1, ge=1, le=64)
-    # inline: every ingest process also stores captured samples; process: it leaves that to
-    # `python -m services.ingest.persister` copies (the gateway's loop then serves calls only).
+    # The spill file (capture.SpillFile: samples waiting for NATS or S3 to return) holds at most
+    # this much; past it a sample is refused and counted (the call itself was answered). 1 GiB
+    # is ~100,000 typical samples: minutes of a busy gateway's traffic, hours of most.
+    spill_max_bytes: int = Field(default=1024**3, ge=1024)
+    # inline: the ingest service also stores captured samples; process: it leaves that to
+    # `python -m services.ingest.persister` copies, which scale apart from the gateway (they
+    # share one durable consumer): for a machine with cores to spare or a database far away.
     persister: Literal["inline", "process"] = "inline"
-    # process: each ingest process only journals its proxied calls and `python -m
-    # services.ingest.shipper`, on the same machine, does the rest (shipper.py); inline: it
-    # turns them into samples itself, on its event loop, after answering (on 2 cores at 1,000
-    # req/s that doubled the added p50 and fell behind). Uploads and OTLP exports are captured
-    # where they arrive either way.
-    capture: Literal["inline", "process"] = "process"
-    # With process capture, child: the service runs the shipper as its child process and keeps
-    # it running (shipper_child.py); external: the operator runs it (same machine).
-    shipper: Literal["child", "external"] = "child"
     # OTLP exports of otlp_process_min_bytes or more are decoded and mapped in a pool of this
-    # many processes per worker (otlp_workers.py), so they use every core and never hold the
-    # gateway's event loop; 0 maps them in the service process (a thread for large ones).
-    otlp_processes: int = Field(default_factory=lambda: min(_usable_cpus(), 4), ge=0, le=64)
+    # many processes (otlp_workers.py), so they use every core and never hold the
+    # gateway's event loop.
+    otlp_processes: int = Field(default_factory=lambda: min(_usable_cpus(), 4), ge=1, le=64)
     otlp_process_min_bytes: int = Field(default=64 * 1024, ge=0)
     # The OTLP pool's CPU class (shared.processes). batch: a full share of the cores, but a pool
     # process that wakes does not preempt the one running, so the busy processes of a loaded

@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 from services.ingest.capture import Fidelity
 from services.ingest.datasets import DatasetWorker
 from services.ingest.routing import RoutingTable
-from services.ingest.samples import BadSampleEvent, insert_rows, row_from_event
+from services.ingest.samples import BadSampleEvent, insert_rows, resolve_row, row_from_event
 from shared import bus
 from shared.chat import Source
 from shared.db import session_scope
@@ -30,6 +30,7 @@ from shared.events import (
     DeploymentStopped,
     SampleCaptured,
 )
+from shared.storage import ObjectNotFound, ObjectStore
 
 SERVICE = "ingest"
 SOURCES = frozenset(get_args(Source))
@@ -40,6 +41,7 @@ def sample_persister(
     *,
     broker: NatsBroker,
     engine: Engine,
+    store: ObjectStore,
     fidelity: Fidelity,
     max_retry_delay_s: float = 30.0,
 ) -> bus.BatchConsumer[dict[str, Any]]:
@@ -48,7 +50,9 @@ def sample_persister(
     made from the event bytes (samples.row_from_event); an event that cannot be a row goes to
     the dead-letter stream and is counted in `fidelity` as dropped, with its reason. A failed
     insert (the database away, locked, slow) is retried with backoff for as long as it fails;
-    inserts are idempotent by sample id, so a redelivered batch stores nothing twice."""
+    inserts are idempotent by sample id, so a redelivered batch stores nothing twice. A sample
+    published by reference is read from `store` first (object storage away: the batch is retried
+    like a failed insert)."""
 
     def decode(data: bytes, subject: str) -> dict[str, Any]:
         try:
@@ -56,13 +60,23 @@ def sample_persister(
         except BadSampleEvent as exc:
             raise bus.PoisonMessage(str(exc)) from None
 
-    def store(rows: list[dict[str, Any]]) -> int:
+    def readable(row: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            return resolve_row(row, store.get_bytes)
+        except (BadSampleEvent, ObjectNotFound) as exc:
+            # Written before its event was published: gone or wrong means removed by hand.
+            log.error("a sample published by reference cannot be stored: %s", exc)
+            fidelity.count_dropped(row["tenant"], "unknown", f"sample by reference: {exc}")
+            return None
+
+    def insert(rows: list[dict[str, Any]]) -> int:
+        ready = [row for row in map(readable, rows) if row is not None]
         with session_scope(engine) as session:
-            return insert_rows(session, rows)
+            return insert_rows(session, ready)
 
     async def persist(rows: list[dict[str, Any]]) -> None:
         # The database call blocks; keep the event loop (and the gateway on it) free.
-        await asyncio.to_thread(store, rows)
+        await asyncio.to_thread(insert, rows)
 
     def dead_lettered(subject: str, data: bytes, reason: str) -> None:
         tenant = subject.split(".")[1] if subject.count(".") >= 2 else "?"

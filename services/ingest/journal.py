@@ -1,46 +1,65 @@
-"""A write-ahead journal of captured calls, so a SIGKILL loses none of them.
+"""A write-ahead journal of the calls the gateway answered, so a SIGKILL loses none of them.
 
-Every call is appended (one buffered write, no fsync: a killed process leaves its writes in the
-kernel) before it is queued, and marked done once it is published, rejected or in the spill
-file. The journal is a series of segment files named `<pid>-<n>.jsonl`; a segment is deleted
-when it is closed and all its calls are done. At start-up, segments of processes that no longer
-run are handed back: their calls are processed again, which publishes nothing twice (event ids
-are deterministic and the store is idempotent).
+Appending is all the gateway does with a captured call (one buffered write, no fsync: a killed
+process leaves its writes in the kernel); the shipper process (shipper.py) reads the segments
+as they grow, turns the calls into samples and deletes each segment once it is closed and
+shipped.
 
-With `shipped=True` (`TUNELOOP_INGEST_CAPTURE=process`) the writer keeps no accounts: appending is
-all the gateway does with a call, and a shipper process (shipper.py) reads the segments as they
-grow, turns the calls into samples and deletes each segment once it is closed and shipped.
+A segment is named `<writer>-<n>.jsonl`, where the writer is the process's incarnation (pid and
+start time, shared.processes.Incarnation), not its pid alone: a container restarts its process
+under the same pid, and a new writer starting again at segment 0 under an old name would append
+to a dead writer's segment, or have its live one taken for finished and deleted. Segments named
+`<pid>-<n>.jsonl` were written by an earlier version of this module; no process writes them now,
+so the shipper takes them as finished.
+
+Files hold prompts before secrets are scrubbed: the directory is 0700 and each file 0600.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 import orjson
 
 from services.ingest.capture import CapturedCall
-from shared.processes import pid_alive
+from services.ingest.private_files import private_dir, private_file
+from shared.processes import Incarnation, this_incarnation
 from shared.settings import Settings
 
-Ticket = int  # the segment number a call was written to
+SUFFIX = ".jsonl"
+# `<writer>.closed`: the writer closed its journal (a clean stop) and writes no more, though its
+# process still runs for a moment; its last segment is finished once shipped.
+CLOSED_SUFFIX = ".closed"
 
 
 def journal_dir(settings: Settings) -> Path:
     return settings.app.data_dir.resolve() / "ingest" / "journal"
 
 
-def segment_id(path: Path) -> tuple[int, int] | None:
-    """(writer pid, segment number) of a live writer's segment `<pid>-<n>.jsonl`; None for any
-    other file (an adopted segment, a shipper's offset file)."""
-    pid, _, rest = path.name.partition("-")
-    number = rest.removesuffix(".jsonl")
-    if not (pid.isdigit() and number.isdigit() and rest.endswith(".jsonl")):
-        return None
-    return int(pid), int(number)
+@dataclass(frozen=True)
+class SegmentName:
+    """What a segment's file name says: its writer (None for an earlier version's segment,
+    whose writer is gone) and its number in the writer's series."""
+
+    writer: Incarnation | None
+    number: int
+
+    @classmethod
+    def parse(cls, path: Path) -> SegmentName | None:
+        """None for any file that is not a segment (a shipper's offset file, the lock)."""
+        if not path.name.endswith(SUFFIX):
+            return None
+        stem = path.name.removesuffix(SUFFIX)
+        writer_name, _, number = stem.rpartition("-")
+        if not number.isdigit() or not writer_name:
+            return None
+        if writer_name.isdigit():  # <pid>-<n>: an earlier version's
+            return cls(None, int(number))
+        writer = Incarnation.parse(writer_name)
+        return cls(writer, int(number)) if writer is not None else None
 
 
 class Journal:
@@ -50,36 +69,31 @@ class Journal:
         *,
         segment_records: int = 2_000,
         segment_age_s: float = 10.0,
-        shipped: bool = False,
+        writer: Incarnation | None = None,
     ) -> None:
         self.directory = directory
-        self._shipped = shipped
-        directory.mkdir(parents=True, exist_ok=True)
-        self._pid = os.getpid()
+        private_dir(directory)
+        self.writer = writer or this_incarnation()
         self._segment_records = segment_records
         self._segment_age_s = segment_age_s
         self._current = -1
         self._handle: IO[bytes] | None = None
         self._opened_at = 0.0
         self._written = 0
-        self._open: dict[Ticket, int] = {}  # segment -> calls not yet done
         self._rotate()
 
-    def _path(self, segment: Ticket) -> Path:
-        return self.directory / f"{self._pid}-{segment}.jsonl"
+    def path(self, segment: int) -> Path:
+        return self.directory / f"{self.writer.name}-{segment}{SUFFIX}"
 
     def _rotate(self) -> None:
         if self._handle is not None:
             self._handle.close()
-            self._drop_if_done(self._current)
         self._current += 1
-        self._handle = self._path(self._current).open("ab")
-        if not self._shipped:
-            self._open[self._current] = 0
+        self._handle = private_file(self.path(self._current))
         self._opened_at = time.monotonic()
         self._written = 0
 
-    def append(self, call: CapturedCall) -> Ticket:
+    def append(self, call: CapturedCall) -> None:
         if (
             self._written >= self._segment_records
             or time.monotonic() - self._opened_at > self._segment_age_s
@@ -89,52 +103,10 @@ class Journal:
         self._handle.write(orjson.dumps(call.to_record()) + b"\n")
         self._handle.flush()
         self._written += 1
-        if not self._shipped:
-            self._open[self._current] += 1
-        return self._current
-
-    def done(self, ticket: Ticket) -> None:
-        self._open[ticket] -= 1
-        if ticket != self._current:
-            self._drop_if_done(ticket)
-
-    def _drop_if_done(self, segment: Ticket) -> None:
-        if self._open.get(segment) == 0:
-            del self._open[segment]
-            self._path(segment).unlink(missing_ok=True)
 
     def close(self) -> None:
-        """Stop writing; the current segment goes once its calls are done (now, after a clean stop)."""
+        """Stop writing; the shipper ships what is left and deletes the segment."""
         if self._handle is not None:
             self._handle.close()
             self._handle = None
-            self._drop_if_done(self._current)
-
-    def orphans(self) -> list[Path]:
-        """Segments left by processes that are gone (a crash, a kill)."""
-        found = []
-        for path in sorted(self.directory.glob("*-*.jsonl")):
-            pid = int(path.name.split("-", 1)[0]) if path.name.split("-", 1)[0].isdigit() else -1
-            if pid != self._pid and not pid_alive(pid):
-                found.append(path)
-        return found
-
-    def adopt(self, orphan: Path) -> Path | None:
-        """Take an orphan segment over (renamed under this pid, so a sibling process does not
-        recover it too, and it is an orphan again if this process dies); None if one did."""
-        adopted = self.directory / f"{self._pid}-adopted-{orphan.name}"
-        try:
-            orphan.rename(adopted)
-        except FileNotFoundError:
-            return None
-        return adopted
-
-    @staticmethod
-    def calls(segment: Path) -> list[CapturedCall]:
-        calls = []
-        for line in segment.read_bytes().splitlines():
-            with contextlib.suppress(orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                calls.append(
-                    CapturedCall.from_record(orjson.loads(line))
-                )  # a torn last line is skipped
-        return calls
+            private_file(self.directory / f"{self.writer.name}{CLOSED_SUFFIX}").close()

@@ -36,8 +36,6 @@ from shared.service import prepare_worker
 WORKER_NAME = "ingest-otlp"
 # Above this size an export goes to the pool; below it, decoding is cheaper than the trip.
 DEFAULT_MIN_BYTES = 64 * 1024
-# Without a pool, exports above this size are mapped in a thread, below it on the event loop.
-_THREAD_BYTES = 256 * 1024
 # What a compressed body is taken to grow by (OTLP spans gzip 5-10x): the work is the decoded
 # size's, and a 60 KiB gzip body can hold half a megabyte of spans.
 _COMPRESSION_RATIO = 8
@@ -96,8 +94,7 @@ def _start_worker(cpu_class: CpuClass) -> None:
 
 
 class ExportMapper:
-    """Maps exports to samples, large ones in a pool of `processes` (0: none, all in the
-    service process). The pool starts with the first large export; its processes run in
+    """Maps exports to samples, large ones in a pool of `processes`. The pool starts with the first large export; its processes run in
     `cpu_class` (shared.processes; "normal" leaves them as the service is)."""
 
     def __init__(
@@ -107,6 +104,8 @@ class ExportMapper:
         min_bytes: int = DEFAULT_MIN_BYTES,
         cpu_class: CpuClass = "normal",
     ) -> None:
+        if processes < 1:
+            raise ValueError(f"processes: {processes} (an export mapper needs at least one)")
         self.processes = processes
         self.min_bytes = min_bytes
         self.cpu_class = cpu_class
@@ -116,10 +115,8 @@ class ExportMapper:
         self, body: bytes, content_type: str, content_encoding: str | None, tenant: str
     ) -> MappedExport:
         size = _decoded_size(body, content_encoding)
-        if self.processes and size >= self.min_bytes:
+        if size >= self.min_bytes:
             return await self._in_pool(body, content_type, content_encoding, tenant)
-        if size > _THREAD_BYTES:
-            return await asyncio.to_thread(map_export, body, content_type, content_encoding, tenant)
         return map_export(body, content_type, content_encoding, tenant)
 
     async def _in_pool(

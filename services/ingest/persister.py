@@ -23,6 +23,7 @@ from shared import bus, db
 from shared.processes import lower_cpu_priority, settle_heap
 from shared.service import prepare_process
 from shared.settings import Settings, get_settings
+from shared.storage import ObjectStore
 
 NAME = "ingest-persister"
 log = logging.getLogger("tuneloop.ingest.persister")
@@ -41,6 +42,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     persister = handlers.sample_persister(
         broker=broker,
         engine=engine,
+        store=ObjectStore.from_settings(settings.s3),
         fidelity=fidelity.fidelity,
         max_retry_delay_s=settings.nats.max_retry_delay_s,
     )

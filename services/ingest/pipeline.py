@@ -1,12 +1,24 @@
-"""The capture pipeline: a bounded queue, a few workers, and replay of the spill file."""
+"""The capture pipeline: captured calls and samples -> `sample.captured`, or the spill file.
+
+Every source ends here: the shipper hands over the calls the gateway journaled, uploads and
+OTLP exports their samples. Each sample is scrubbed of secrets, its inline media moved to object
+storage, and published; one whose event would be larger than `INLINE_SAMPLE_MAX_BYTES` is
+written to object storage whole and published by reference (a call may bring 32 MiB, the
+samples stream takes 8). What cannot be published now (NATS or S3 away) is kept in the spill
+file and replayed, as a stream, once publishing works again; past the spill file's cap a sample
+is refused, counted in the fidelity report and logged as an error, and the call it came from has
+been answered all the same. A call our own code fails to read goes to a second file, held for
+the next start (a fixed version) instead of failing again every second.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -19,16 +31,19 @@ from services.ingest.capture import (
     SpillFile,
     to_exchange,
 )
-from services.ingest.journal import Journal, Ticket
 from services.ingest.media import offload_media
 from services.ingest.normalize import NormalizeError, normalize
 from services.ingest.scrub import scrub_secrets
 from shared import bus
 from shared.chat import MediaPart, Sample
-from shared.events import SampleCaptured
+from shared.events import INLINE_SAMPLE_MAX_BYTES, SampleCaptured
 from shared.storage import ObjectStore
 
 log = logging.getLogger("tuneloop.ingest.capture")
+
+SPILL_FULL = "capture spill full"  # the fidelity report's reason for a refused sample
+_REPLAY_BATCH = 256
+_LOUD_EVERY_S = 10.0
 
 
 def _event_id(sample: Sample) -> str:
@@ -39,6 +54,11 @@ def _event_id(sample: Sample) -> str:
 
 def _event(sample: Sample) -> SampleCaptured:
     return SampleCaptured(tenant=sample.tenant, event_id=_event_id(sample), sample=sample)
+
+
+def sample_key(tenant: str, event_id: str) -> str:
+    """Where a sample published by reference is kept (under its tenant's prefix)."""
+    return f"tenants/{tenant}/samples/{event_id}.json"
 
 
 def has_inline_media(sample: Sample) -> bool:
@@ -72,6 +92,11 @@ class PreparedSample:
         event = bus.encode(_event(sample), exclude_none=True)
         return cls(sample.tenant, sample.source, sample.id, event)
 
+    def sample_json(self) -> dict[str, Any]:
+        """The sample inside the event (what the spill file and a by-reference object keep)."""
+        sample: dict[str, Any] = orjson.loads(self.event.payload)["sample"]
+        return sample
+
 
 class CapturePipeline:
     def __init__(
@@ -81,11 +106,10 @@ class CapturePipeline:
         store: ObjectStore | None,
         publish_many: PublishMany | None = None,
         spill: SpillFile,
-        queue_size: int,
+        held: SpillFile | None = None,
         can_publish: Callable[[], bool],
-        journal: Journal | None = None,
-        workers: int = 4,
         replay_interval_s: float = 1.0,
+        inline_max_bytes: int = INLINE_SAMPLE_MAX_BYTES,
     ) -> None:
         self._publish = publish
         # Several samples in flight at once, each outcome reported (shared.bus.publish_many);
@@ -93,88 +117,38 @@ class CapturePipeline:
         self._publish_many = publish_many or self._publish_each
         self._store = store
         self.spill = spill
-        self._queue: asyncio.Queue[tuple[CapturedCall, Ticket | None]] = asyncio.Queue(
-            maxsize=queue_size
+        self.held = held or SpillFile(
+            spill.path.with_name(spill.path.stem + "-held.jsonl"), max_bytes=spill.max_bytes
         )
-        self._journal = journal
         self._can_publish = can_publish
-        self._workers = workers
         self._replay_interval_s = replay_interval_s
+        self._inline_max_bytes = inline_max_bytes
         self._tasks: list[asyncio.Task[None]] = []
         self._known_media: set[str] = set()
         self.fidelity = Fidelity()
-
-    def submit(self, call: CapturedCall) -> None:
-        """Hand a finished call over; never blocks, never raises into the request."""
-        ticket = self._journal.append(call) if self._journal is not None else None
-        try:
-            self._queue.put_nowait((call, ticket))
-        except asyncio.QueueFull:
-            self.spill.append("call", call.to_record())
-            self._done(ticket)
-
-    def _done(self, ticket: Ticket | None) -> None:
-        if self._journal is not None and ticket is not None:
-            self._journal.done(ticket)
+        self.refused = 0  # samples refused at the spill file's cap, since start
+        self._refused_logged = (0, 0.0)  # (count, when) at the last error line
 
     async def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._work(), name=f"capture-{i}") for i in range(self._workers)
-        ]
-        self._tasks.append(asyncio.create_task(self._replay_forever(), name="capture-replay"))
-        self._tasks.append(asyncio.create_task(self._recover_journal(), name="capture-recover"))
+        self._tasks = [asyncio.create_task(self._replay_forever(), name="capture-replay")]
 
-    async def _recover_journal(self) -> None:
-        """Calls a killed process had journaled but not finished are processed again."""
-        if self._journal is None:
-            return
-        for orphan in self._journal.orphans():
-            segment = self._journal.adopt(orphan)
-            if segment is None:
-                continue  # a sibling worker process is recovering it
-            calls = self._journal.calls(segment)
-            for call in calls:
-                await self.process(call)
-            segment.unlink(missing_ok=True)
-            log.info("recovered %d captured calls from %s", len(calls), orphan.name)
-
-    async def stop(self, timeout_s: float = 10.0) -> None:
-        """Finish what is queued (bounded), spill the rest, stop the workers."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._queue.join(), timeout_s)
+    async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        while not self._queue.empty():
-            call, ticket = self._queue.get_nowait()
-            self.spill.append("call", call.to_record())
-            self._done(ticket)
-        if self._journal is not None:
-            self._journal.close()
-
-    async def _work(self) -> None:
-        while True:
-            call, ticket = await self._queue.get()
-            try:
-                await self.process(call)
-                # Not in `finally`: a call cut off by shutdown stays in the journal and is
-                # processed again at the next start-up.
-                self._done(ticket)
-            finally:
-                self._queue.task_done()
+        self._tasks = []
 
     async def process(self, call: CapturedCall) -> None:
-        for sample in self._samples(call):
-            await self.deliver(sample)
+        await self.process_many([call])
 
-    async def process_many(self, calls: list[CapturedCall]) -> None:
+    async def process_many(self, calls: Iterable[CapturedCall]) -> None:
         """Calls in a batch (the shipper's), their samples published together."""
         await self.deliver_many([sample for call in calls for sample in self._samples(call)])
 
     def _samples(self, call: CapturedCall) -> list[Sample]:
-        """The call's samples; none when it is rejected (counted) or kept in the spill file."""
+        """The call's samples; none when it is rejected (counted) or held for a fixed version."""
         try:
             normalized = normalize(to_exchange(call))
         except NormalizeError as exc:
@@ -182,11 +156,10 @@ class CapturePipeline:
             log.warning("call %s not captured: %s", call.request_id, exc)
             return []
         except Exception:
-            # A bug of ours must not lose the call: keep it for a fixed version to replay.
-            log.exception(
-                "call %s could not be normalised; kept in the spill file", call.request_id
-            )
-            self.spill.append("call", call.to_record())
+            # A bug of ours must not lose the call: hold it for a fixed version to replay.
+            log.exception("call %s could not be normalised; held for the next start",
+                          call.request_id)  # fmt: skip
+            self._keep(self.held, "call", call.to_record(), call.tenant, "gateway")
             return []
         for dropped in normalized.dropped:
             self.fidelity.count_dropped(call.tenant, "gateway", dropped.reason)
@@ -203,22 +176,8 @@ class CapturePipeline:
                 self._known_media.clear()  # only a cache of keys known to exist in S3
         return sample
 
-    def _spill(self, sample: Sample, exc: BaseException) -> None:
-        self._spill_record(sample.id, sample.model_dump(mode="json"), exc)
-
-    def _spill_record(self, sample_id: str, payload: dict[str, Any], exc: BaseException) -> None:
-        log.warning("sample %s spilled for replay: %s: %s", sample_id, type(exc).__name__, exc)
-        self.spill.append("sample", payload)
-
     async def deliver(self, sample: Sample) -> None:
-        """Offload media, publish; on any failure keep the sample in the spill file."""
-        try:
-            sample = await self._prepare(sample)
-            await self._publish(_event(sample))
-        except Exception as exc:
-            self._spill(sample, exc)
-            return
-        self.fidelity.count_sample(sample.tenant, sample.source)
+        await self.deliver_many([sample])
 
     async def deliver_many(self, samples: list[Sample], *, batch: int = 256) -> None:
         """Deliver many samples (an upload chunk, an OTLP request, a shipper batch): published
@@ -228,22 +187,71 @@ class CapturePipeline:
             try:
                 ready.append(PreparedSample.of(await self._prepare(sample)))
             except Exception as exc:
-                self._spill(sample, exc)
+                self._spill(sample.tenant, sample.source, sample.id,
+                            sample.model_dump(mode="json"), exc)  # fmt: skip
         await self.deliver_prepared(ready, batch=batch)
 
     async def deliver_prepared(self, prepared: list[PreparedSample], *, batch: int = 256) -> None:
         """Publish samples prepared already (here, or in an OTLP decoding process) together;
         each one that fails is kept in the spill file."""
         for start in range(0, len(prepared), batch):
-            chunk = prepared[start : start + batch]
-            outcomes = await self._publish_many([item.event for item in chunk])
-            for item, error in zip(chunk, outcomes, strict=True):
+            chunk = []
+            for item in prepared[start : start + batch]:
+                if (sized := await self._sized(item)) is not None:
+                    chunk.append(sized)
+            outcomes = await self._publish_many([sent.event for _, sent in chunk])
+            for (item, _), error in zip(chunk, outcomes, strict=True):
                 if error is None:
                     self.fidelity.count_sample(item.tenant, item.source)
                 else:
-                    # The spill keeps samples, not events: the one inside the event's JSON.
-                    sample = orjson.loads(item.event.payload)["sample"]
-                    self._spill_record(item.sample_id, sample, error)
+                    self._spill(item.tenant, item.source, item.sample_id, item.sample_json(), error)
+
+    async def _sized(self, item: PreparedSample) -> tuple[PreparedSample, PreparedSample] | None:
+        """(the item, what to publish for it): itself, or past the inline limit its sample
+        written to object storage and an event naming it; None when that failed (spilled)."""
+        if len(item.event.payload) <= self._inline_max_bytes:
+            return item, item
+        try:
+            if self._store is None:
+                raise RuntimeError("no object store configured for oversized samples")
+            key = sample_key(item.tenant, item.event.event_id)
+            body = orjson.dumps(item.sample_json())
+            await asyncio.to_thread(
+                self._store.put_bytes, key, body, content_type="application/json"
+            )
+        except Exception as exc:
+            self._spill(item.tenant, item.source, item.sample_id, item.sample_json(), exc)
+            return None
+        event = SampleCaptured(
+            tenant=item.tenant, event_id=item.event.event_id, sample_ref=self._store.uri(key)
+        )
+        log.info("sample %s (%d bytes) published by reference to %s",
+                 item.sample_id, len(body), key)  # fmt: skip
+        return item, replace(item, event=bus.encode(event, exclude_none=True))
+
+    def _spill(
+        self, tenant: str, source: str, sample_id: str, payload: dict[str, Any], exc: BaseException
+    ) -> None:
+        log.warning("sample %s spilled for replay: %s: %s", sample_id, type(exc).__name__, exc)
+        self._keep(self.spill, "sample", payload, tenant, source)
+
+    def _keep(
+        self, spill: SpillFile, kind: str, payload: dict[str, Any], tenant: str, source: str
+    ) -> None:
+        if spill.append(kind, payload):
+            return
+        # Past the cap: the caller's call was answered; this sample is not kept. Counted per
+        # tenant in the fidelity report, and an error line now and every few seconds after.
+        self.fidelity.count_dropped(tenant, source, SPILL_FULL)
+        self.refused += 1
+        logged, when = self._refused_logged
+        if logged == 0 or time.monotonic() - when >= _LOUD_EVERY_S:
+            log.error(
+                "capture refused %d sample(s) since start: %s holds %d bytes, its cap "
+                "(TUNELOOP_INGEST_SPILL_MAX_BYTES) is %d; NATS or S3 has been away too long",
+                self.refused, spill.path, spill.used(), spill.max_bytes,
+            )  # fmt: skip
+            self._refused_logged = (self.refused, time.monotonic())
 
     async def _publish_each(self, events: list[bus.EncodedEvent]) -> list[BaseException | None]:
         async def one(encoded: bus.EncodedEvent) -> BaseException | None:
@@ -255,26 +263,45 @@ class CapturePipeline:
 
         return list(await asyncio.gather(*(one(event) for event in events)))
 
-    async def replay(self) -> int:
-        """Process every spilled record once; what fails again is spilled anew. Returns the count."""
+    async def replay(self, spill: SpillFile | None = None) -> int:
+        """Process every record of the spill file (or `spill`) once, reading it as a stream;
+        what fails again is written back. Returns the count."""
+        spill = spill or self.spill
         count = 0
-        for claimed in self.spill.claim():
-            for record in self.spill.records(claimed):
-                if record["kind"] == "call":
-                    await self.process(CapturedCall.from_record(record["payload"]))
-                else:
-                    await self.deliver(Sample.model_validate(record["payload"]))
-                count += 1
-            claimed.unlink(missing_ok=True)  # a dead owner's claim may be replayed twice
+        with SpillFile.readmitting():
+            for claimed in spill.claim():
+                calls: list[CapturedCall] = []
+                samples: list[Sample] = []
+                for record in spill.records(claimed):
+                    if record["kind"] == "call":
+                        calls.append(CapturedCall.from_record(record["payload"]))
+                    else:
+                        samples.append(Sample.model_validate(record["payload"]))
+                    count += 1
+                    if len(calls) + len(samples) >= _REPLAY_BATCH:
+                        await self._replay_batch(calls, samples)
+                        calls, samples = [], []
+                await self._replay_batch(calls, samples)
+                claimed.unlink(missing_ok=True)  # a dead owner's claim may be replayed twice
         if count:
-            log.info("replayed %d spilled capture records", count)
+            log.info("replayed %d records of %s", count, spill.path.name)
         return count
 
+    async def _replay_batch(self, calls: list[CapturedCall], samples: list[Sample]) -> None:
+        await self.process_many(calls)
+        await self.deliver_many(samples)
+
     async def _replay_forever(self) -> None:
+        held_replayed = False
         while True:
             await asyncio.sleep(self._replay_interval_s)
-            if self.spill.pending() and self._can_publish():
-                try:
+            if not self._can_publish():
+                continue
+            try:
+                if not held_replayed:  # once per start: what a fixed version may now read
+                    await self.replay(self.held)
+                    held_replayed = True
+                if self.spill.pending():
                     await self.replay()
-                except Exception:
-                    log.exception("spill replay failed; will retry")
+            except Exception:
+                log.exception("spill replay failed; will retry")

@@ -176,11 +176,18 @@ _SOURCES = frozenset(get_args(Source))
 _FREE_FORM = frozenset({"metadata", "parameters", "response_format", "tool_choice"})
 
 
+# A row still to be read from object storage (an event that carries its sample by reference):
+# this key holds the s3:// URI; `resolve_row` makes it a row.
+SAMPLE_REF = "sample_ref"
+
+
 def row_from_event(data: bytes, subject: str) -> dict[str, Any]:
     """A `SampleCaptured` message body -> the row `insert_rows` stores, without re-validating
     the sample: every producer built it as a validated `Sample` (the edges validate), so this
     checks what the store relies on (tenant, subject, versions, id, source, time, messages) and
-    compacts the JSON as `Sample.to_json_bytes` does. Raises BadSampleEvent naming the field."""
+    compacts the JSON as `Sample.to_json_bytes` does. An event that names its sample by
+    reference gives `{SAMPLE_REF: uri, "tenant": ...}` for `resolve_row`. Raises BadSampleEvent
+    naming the field."""
     event = _object(_loads(data), "event")
     tenant = event.get("tenant")
     if not isinstance(tenant, str) or not is_tenant_id(tenant):
@@ -189,7 +196,31 @@ def row_from_event(data: bytes, subject: str) -> dict[str, Any]:
         raise BadSampleEvent(f"subject {subject!r} is not the event tenant's ({tenant})")
     if event.get("schema_version") != SampleCaptured.event_version:
         raise BadSampleEvent(f"schema_version: {event.get('schema_version')!r} is not supported")
+    if event.get("sample") is None and event.get(SAMPLE_REF) is not None:
+        return {SAMPLE_REF: _sample_ref(event[SAMPLE_REF], tenant), "tenant": tenant}
     sample = _object(event.get("sample"), "sample")
+    return row_from_sample(sample, tenant, nulls=b"null" in data)
+
+
+def _sample_ref(value: Any, tenant: str) -> str:
+    """The reference, if it names an object under the tenant's own samples prefix."""
+    if not isinstance(value, str) or f"/tenants/{tenant}/samples/" not in value:
+        raise BadSampleEvent(f"sample_ref: {str(value)[:120]!r} is not one of {tenant}'s samples")
+    return value
+
+
+def resolve_row(row: dict[str, Any], read: Callable[[str], bytes]) -> dict[str, Any]:
+    """The row itself, or for a by-reference one the row made from the object `read` returns
+    (blocking). Raises BadSampleEvent when the object is not a sample of the row's tenant."""
+    ref = row.get(SAMPLE_REF)
+    if ref is None:
+        return row
+    data = read(ref)
+    return row_from_sample(_object(_loads(data), "sample"), row["tenant"], nulls=b"null" in data)
+
+
+def row_from_sample(sample: dict[str, Any], tenant: str, *, nulls: bool) -> dict[str, Any]:
+    """A sample's JSON -> its row (see `row_from_event`); `nulls`: whether it may hold any."""
     if sample.get("tenant") != tenant:
         raise BadSampleEvent(f"sample.tenant {sample.get('tenant')!r} differs from {tenant!r}")
     if sample.get("schema_version") != SCHEMA_VERSION:
@@ -211,7 +242,7 @@ def row_from_event(data: bytes, subject: str) -> dict[str, Any]:
         "finish_reason": _text(response, "finish_reason", "sample.response.finish_reason"),
         "created_at": created_at,
         "message_count": len(messages),
-        "body": orjson.dumps(_compact(sample, nulls=b"null" in data) | {"created_at": created_at}),
+        "body": orjson.dumps(_compact(sample, nulls=nulls) | {"created_at": created_at}),
         "tags": _tags(sample.get("tags")),
     }
 

@@ -1,7 +1,7 @@
 """Captured calls journaled by the gateway -> samples, in a process of its own.
 
-With `TUNELOOP_INGEST_CAPTURE=process` a gateway process does one thing with an answered call:
-it appends it to its journal (one buffered write). Normalising, moving media, scrubbing and
+A gateway process does one thing with an answered call: it appends it to its journal (one
+buffered write, journal.py). Normalising, moving media, scrubbing and
 publishing happen here instead, so none of it shares the event loop that serves calls (on a
 2-core machine that work, interleaved with requests, doubled the gateway's added p50 at 1,000
 req/s and tripled its p99). `python -m services.ingest.shipper` tails the journal directory:
@@ -12,10 +12,16 @@ req/s and tripled its p99). `python -m services.ingest.shipper` tails the journa
 - it records how far it got in `<segment>.shipped` after each batch, so a restarted shipper goes
   on from there (what it shipped again after a kill is dropped by the stream's duplicate window
   and the idempotent store: event ids are deterministic);
-- a segment whose writer has moved on to a newer one, or has died, is deleted once it is shipped.
+- a segment whose writer has moved on to a newer one, or is gone, is deleted once it is shipped;
+  a writer is an incarnation (pid and start time), so a gateway restarted under its old pid is
+  a new writer, and the old one's segments are shipped whole and deleted while the new one's
+  are tailed;
+- told to stop, it ships every whole line there is before exiting, waiting up to 5 s for its
+  service to close the journal (`<writer>.closed`), so a cleanly stopped service leaves no
+  segment behind.
 
-One shipper works a directory at a time (an exclusive lock on `.shipper.lock`); a second copy
-waits as a standby. It must run on the gateway's machine, since the journal is a local directory.
+The ingest service runs it as its child (shipper_child.py). One shipper works a directory at a
+time (an exclusive lock on `.shipper.lock`); a second copy waits as a standby.
 """
 
 from __future__ import annotations
@@ -26,21 +32,25 @@ import fcntl
 import logging
 import os
 import signal
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 import uvloop
+from faststream.nats import NatsBroker
 
-from services.ingest.capture import CapturedCall, SpillFile
+from services.ingest.capture import CapturedCall, spill_file
 from services.ingest.config import IngestSettings
 from services.ingest.fidelity import FidelityFlusher
-from services.ingest.journal import journal_dir, segment_id
+from services.ingest.journal import CLOSED_SUFFIX, SegmentName, journal_dir
 from services.ingest.pipeline import CapturePipeline
+from services.ingest.private_files import FILE_MODE, write_private
 from services.ingest.shipper_child import PARENT_ENV
 from shared import bus, db
 from shared.events import SampleCaptured
-from shared.processes import die_with_parent, lower_cpu_priority, pid_alive, settle_heap
+from shared.processes import Incarnation, die_with_parent, lower_cpu_priority, settle_heap
 from shared.service import prepare_process
 from shared.settings import Settings, get_settings
 from shared.storage import ObjectStore
@@ -54,8 +64,7 @@ log = logging.getLogger("tuneloop.ingest.shipper")
 @dataclass(frozen=True)
 class Segment:
     path: Path
-    pid: int
-    number: int
+    name: SegmentName
 
     @property
     def offset_path(self) -> Path:
@@ -114,35 +123,55 @@ class JournalShipper:
         *,
         batch: int = 64,
         poll_s: float = 0.05,
+        alive: Callable[[Incarnation], bool] = Incarnation.alive,
+        linger_s: float = 5.0,
     ) -> None:
         self.directory = directory
         self.pipeline = pipeline
         self._batch = batch
         self._poll_s = poll_s
+        self._alive = alive  # whether a writer still runs (a fake in tests)
+        self._linger_s = linger_s
         self._offsets: dict[Path, int] = {}
         self._lock: int | None = None
 
     def segments(self) -> list[Segment]:
         found = []
         for path in self.directory.glob("*.jsonl"):
-            ids = segment_id(path)
-            if ids is not None:
-                found.append(Segment(path, *ids))
-        return sorted(found, key=lambda s: (s.pid, s.number))
+            name = SegmentName.parse(path)
+            if name is not None:
+                found.append(Segment(path, name))
+        return sorted(found, key=lambda s: (s.path.name.rpartition("-")[0], s.name.number))
 
     async def ship_once(self) -> int:
         """One pass over every segment; returns how many calls were shipped."""
         segments = self.segments()
-        newest: dict[int, int] = {}
+        newest: dict[Incarnation, int] = {}
         for segment in segments:
-            newest[segment.pid] = max(newest.get(segment.pid, -1), segment.number)
-        alive = {pid: pid_alive(pid) for pid in newest}
+            if (writer := segment.name.writer) is not None:
+                newest[writer] = max(newest.get(writer, -1), segment.name.number)
+        closed_writers = self._closed_writers()
+        alive = {w: w not in closed_writers and self._alive(w) for w in newest}
         shipped = 0
         for segment in segments:
-            # Written to no more: its writer has opened a newer segment, or is gone.
-            closed = segment.number < newest[segment.pid] or not alive[segment.pid]
+            # Written to no more: an earlier version's, or its writer has opened a newer
+            # segment, or is gone.
+            writer = segment.name.writer
+            closed = writer is None or segment.name.number < newest[writer] or not alive[writer]
             shipped += await self._ship(segment, closed=closed)
+        if closed_writers:  # a writer whose last segment is gone goes too
+            left = {segment.name.writer for segment in self.segments()}
+            for writer in closed_writers - left:
+                (self.directory / f"{writer.name}{CLOSED_SUFFIX}").unlink(missing_ok=True)
         return shipped
+
+    def _closed_writers(self) -> set[Incarnation]:
+        found = set()
+        for path in self.directory.glob("*" + CLOSED_SUFFIX):
+            writer = Incarnation.parse(path.name.removesuffix(CLOSED_SUFFIX))
+            if writer is not None:
+                found.add(writer)
+        return found
 
     async def _ship(self, segment: Segment, *, closed: bool) -> int:
         offset = self._offsets.get(segment.path)
@@ -162,7 +191,7 @@ class JournalShipper:
             await self.pipeline.process_many(batch.calls)
             offset = batch.end
             self._offsets[segment.path] = offset
-            segment.offset_path.write_text(str(offset))
+            await asyncio.to_thread(write_private, segment.offset_path, b"%d" % offset)
             shipped += len(batch.calls)
         if closed:
             self._finish(segment, offset)
@@ -182,7 +211,7 @@ class JournalShipper:
         """Take the directory's shipper lock, waiting while another shipper holds it; False if
         `stop` came first."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, FILE_MODE)
         while not stop.is_set():
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -201,7 +230,7 @@ class JournalShipper:
             self._lock = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Ship until `stop` is set; the batch in hand is finished first."""
+        """Ship until `stop` is set, then once more: every whole line written by then."""
         if not await self.acquire(stop):
             return
         log.info("shipping captured calls from %s", self.directory)
@@ -210,8 +239,20 @@ class JournalShipper:
                 if not await self.ship_once():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), self._poll_s)
+            await self._last_pass()
         finally:
             self.release()
+
+    async def _last_pass(self) -> None:
+        """Ship what is left, waiting (a while) for writers still running to finish: stopped
+        with its service's process group, the shipper hears SIGTERM while the service still
+        answers its last calls and has yet to close its journal."""
+        deadline = time.monotonic() + self._linger_s
+        while True:
+            await self.ship_once()
+            if not self.segments() or time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(self._poll_s)
 
 
 async def serve(settings: Settings, stop: asyncio.Event) -> None:
@@ -219,16 +260,15 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     broker = bus.make_broker(settings.nats, service=NAME)
     store = ObjectStore.from_settings(settings.s3)
     await asyncio.to_thread(db.wait_until_ready, engine, timeout_s=settings.nats.connect_timeout_s)
-    await asyncio.to_thread(store.wait_until_ready)
-    await bus.connect(broker, settings.nats)
-    assert broker.connection is not None
-    await bus.declare_streams(broker.connection, settings.nats)
+    # Not waited for: a shipper started while NATS is away ships into the spill file meanwhile,
+    # so the journal it reads stays small and the spill file's cap bounds what waits on disk.
+    connecting = asyncio.create_task(_connect(broker, settings), name="shipper-connect")
 
     async def publish(event: SampleCaptured) -> None:
         await bus.publish(broker, event)
 
     def can_publish() -> bool:
-        return broker.connection is not None and broker.connection.is_connected
+        return connecting.done() and broker.connection.is_connected
 
     async def publish_many(events: list[bus.EncodedEvent]) -> list[BaseException | None]:
         return await bus.publish_many(broker, events)
@@ -237,10 +277,8 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         publish=publish,
         publish_many=publish_many,
         store=store,
-        spill=SpillFile(settings.app.data_dir.resolve() / "ingest" / "capture-spill.jsonl"),
-        queue_size=IngestSettings().capture_queue_size,
+        spill=spill_file(settings, IngestSettings()),
         can_publish=can_publish,
-        workers=0,  # nothing is submitted here: the shipper hands calls over itself
     )
     fidelity = FidelityFlusher(pipeline.fidelity, engine)
     await pipeline.start()
@@ -249,10 +287,22 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     try:
         await JournalShipper(journal_dir(settings), pipeline).run(stop)
     finally:
+        connecting.cancel()
         await pipeline.stop()
         await fidelity.stop()
         await broker.stop()
         engine.dispose()
+
+
+async def _connect(broker: NatsBroker, settings: Settings) -> None:
+    """Connect to NATS however long it takes (each try bounded, each failure logged)."""
+    while True:
+        try:
+            await bus.connect(broker, settings.nats)
+            break
+        except bus.BusUnavailable as exc:
+            log.warning("%s; samples go to the spill file until it is reachable", exc)
+    await bus.declare_streams(broker.connection, settings.nats)
 
 
 async def _main() -> None:

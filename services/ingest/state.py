@@ -13,7 +13,7 @@ from faststream.nats import NatsBroker
 from sqlalchemy.engine import Engine
 
 from services.ingest import forwarding, handlers, uploads
-from services.ingest.capture import SpillFile
+from services.ingest.capture import spill_file
 from services.ingest.config import IngestSettings
 from services.ingest.fidelity import FidelityFlusher
 from services.ingest.forwarding import service_urls
@@ -46,6 +46,10 @@ class Ingest:
     control_client: httpx.AsyncClient
     engine: Engine
     spool_dir: Path
+    # Where the gateway writes each call it answered; its shipper (a child process) makes the
+    # samples (journal.py, shipper.py, shipper_child.py).
+    journal: Journal
+    shipper: ShipperChild
     # sample.captured -> the sample store, in batches (handlers.sample_persister); None when
     # separate persister processes do it (IngestSettings.persister).
     persister: bus.BatchConsumer[Any] | None
@@ -55,9 +59,6 @@ class Ingest:
     otlp: ExportMapper
     # POST /v1/traces, served ahead of FastAPI (traces.py, fastpath.py).
     traces: TraceReceiver
-    # TUNELOOP_INGEST_CAPTURE=process: where proxied calls go for the shipper process.
-    shipped_journal: Journal | None = None
-    shipper: ShipperChild | None = None  # process capture, TUNELOOP_INGEST_SHIPPER=child
     _file_tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _upload_sweep: asyncio.Task[None] | None = None
 
@@ -73,26 +74,24 @@ class Ingest:
         def can_publish() -> bool:
             return broker.connection is not None and broker.connection.is_connected
 
-        shipped = ingest_settings.capture == "process"
-        journal = Journal(journal_dir(settings), shipped=shipped)
-
         async def publish_many(events: list[bus.EncodedEvent]) -> list[BaseException | None]:
             return await bus.publish_many(broker, events)
 
+        # Uploads and OTLP exports are captured here, where they arrive; proxied calls by the
+        # shipper, from the journal.
         pipeline = CapturePipeline(
             publish=publish,
             publish_many=publish_many,
             store=store,
-            spill=SpillFile(settings.app.data_dir.resolve() / "ingest" / "capture-spill.jsonl"),
-            journal=None if shipped else journal,
-            queue_size=ingest_settings.capture_queue_size,
+            spill=spill_file(settings, ingest_settings),
             can_publish=can_publish,
         )
+        journal = Journal(journal_dir(settings))
         gateway = Gateway(
             settings=ingest_settings,
             routes=routes,
             authenticator=CachedAuthenticator(engine, ttl_s=ingest_settings.auth_cache_ttl_s),
-            capture=journal.append if shipped else pipeline.submit,
+            capture=journal.append,
         )
         control_client = forwarding.control_client()
         mapper = ExportMapper(
@@ -111,9 +110,12 @@ class Ingest:
             control_client,
             engine,
             spool_dir,
+            journal,
+            ShipperChild(),
             handlers.sample_persister(
                 broker=broker,
                 engine=engine,
+                store=store,
                 fidelity=pipeline.fidelity,
                 max_retry_delay_s=settings.nats.max_retry_delay_s,
             )
@@ -122,8 +124,6 @@ class Ingest:
             FidelityFlusher(pipeline.fidelity, engine),
             mapper,
             TraceReceiver(gateway, pipeline, mapper),
-            shipped_journal=journal if shipped else None,
-            shipper=ShipperChild() if shipped and ingest_settings.shipper == "child" else None,
         )
 
     def process_in_background(self, row: UploadedFile, leased_to: str | None = None) -> None:
@@ -153,8 +153,7 @@ class Ingest:
         if self.persister is not None:
             await self.persister.start()
         await self.fidelity.start()
-        if self.shipper is not None:
-            await self.shipper.start()
+        await self.shipper.start()
         if cleared := await asyncio.to_thread(uploads.clear_dead_spool, self.spool_dir):
             log.info("removed %d spool files of processes that were killed", cleared)
         self._upload_sweep = asyncio.create_task(
@@ -174,10 +173,8 @@ class Ingest:
             task.cancel()
         await asyncio.gather(*self._file_tasks, return_exceptions=True)
         await self.pipeline.stop()
-        if self.shipped_journal is not None:
-            self.shipped_journal.close()
-        if self.shipper is not None:  # after the journal's last lines are written
-            await self.shipper.stop()
+        self.journal.close()
+        await self.shipper.stop()  # after the journal's last line: it ships what is left
         await self.fidelity.stop()  # after the pipeline: its last samples are counted
         # Last: the pipeline still publishes while it drains; what is not stored stays queued
         # in the stream for the next start.

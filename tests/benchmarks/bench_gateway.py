@@ -36,7 +36,7 @@ from tests.benchmarks.stack import (
 )
 from tests.benchmarks.wrk import WrkResult, run_wrk, wrk_version
 from tests.fakes.upstream import UPSTREAM_KEYS, upstream_key_env, upstreams_yaml
-from tests.plugins.infra import RunningProcess, free_port, persister_process, shipper_process
+from tests.plugins.infra import RunningProcess, free_port, persister_process
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_VENV = ROOT / ".venv-bench"
@@ -230,15 +230,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="fixed-rate runs per target; the report takes the median")  # fmt: skip
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of warm-up per target")
     parser.add_argument("--connections", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=1,
-                        help="ingest worker processes (TUNELOOP_INGEST_WORKERS); LiteLLM runs 2")  # fmt: skip
     parser.add_argument("--persister", choices=("inline", "process"), default="process",
                         help="process: samples are stored by a separate persister process")  # fmt: skip
-    parser.add_argument("--capture", choices=("inline", "process"), default="process",
-                        help="process: the gateway journals calls, a shipper process makes the samples")  # fmt: skip
-    parser.add_argument("--shipper", choices=("child", "external"), default="child",
-                        help="with process capture, child: the service runs it (its default); "
-                             "external: this bench starts it, with a log of its own")  # fmt: skip
     parser.add_argument("--litellm", type=Path, default=BENCH_VENV / "bin" / "litellm")
     parser.add_argument("--no-litellm", action="store_true", help="skip the baseline")
     parser.add_argument("--profile", type=Path, nargs="?", const=ROOT / ".tuneloop" / "bench-profile",
@@ -280,16 +273,11 @@ def main(argv: list[str] | None = None) -> None:
         upstreams.write_text(upstreams_yaml(upstream))
         env = upstream_key_env() | {
             "TUNELOOP_INGEST_UPSTREAMS_FILE": str(upstreams),
-            "TUNELOOP_INGEST_WORKERS": str(args.workers),
             "TUNELOOP_INGEST_PERSISTER": args.persister,
-            "TUNELOOP_INGEST_CAPTURE": args.capture,
-            "TUNELOOP_INGEST_SHIPPER": args.shipper,
         }
         ingest = start_ingest(stack, settings, tmp, env)
         if args.persister == "process":
             launch_process(stack, persister_process(settings, tmp / "logs" / "persister.log"))
-        if args.capture == "process" and args.shipper == "external":
-            launch_process(stack, shipper_process(settings, tmp / "logs" / "shipper.log"))
         targets = [
             Target("direct", upstream, f"Bearer {UPSTREAM_KEYS['openai']}"),
             Target("tuneloop", ingest.url, f"Bearer {ingest.key}"),
@@ -304,9 +292,8 @@ def main(argv: list[str] | None = None) -> None:
                 missing = f"LiteLLM proxy did not start: {exc}"
                 console.print(f"[red]{missing}")
         console.log(
-            f"ready after {time.monotonic() - started:.0f}s; tuneloop ingest with "
-            f"{args.workers} worker process(es), capture {args.capture} (shipper "
-            f"{args.shipper}), persister {args.persister}; load generator: {generator}"
+            f"ready after {time.monotonic() - started:.0f}s; tuneloop ingest (its shipper a "
+            f"child), persister {args.persister}; load generator: {generator}"
         )
         bench = Bench(args, body, ingest)
         results = bench.run(targets)

@@ -78,7 +78,7 @@ class Pipeline:
     # persister process used meanwhile: unlike the rates, this barely moves when other
     # processes compete for the cores.
     service_cpu_s: float
-    # Of which the service's child processes (its OTLP mapping pool, extra workers, the journal
+    # Of which the service's child processes (its OTLP mapping pool, the journal
     # shipper, idle here) and the persister process used.
     children_cpu_s: float
     # CPU seconds the whole machine was busy (every process: NATS, S3, the persister, this
@@ -230,7 +230,7 @@ def _busy_s() -> float:
 
 def _cpu_s(process: psutil.Process, persister: psutil.Process | None) -> tuple[float, float]:
     """User + system CPU seconds of the service with its child processes (OTLP mapping pool,
-    TUNELOOP_INGEST_WORKERS, the journal shipper) and the persister process if there is one,
+    the journal shipper) and the persister process if there is one,
     and of all but the service process."""
     total = children = 0.0
     others = [persister] if persister is not None else []
@@ -360,8 +360,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--warmup", type=int, default=8, help="export requests per format, unmeasured"
     )
     parser.add_argument("--formats", default="json,protobuf")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="ingest worker processes (TUNELOOP_INGEST_WORKERS)")  # fmt: skip
     parser.add_argument("--persister", choices=("inline", "process"), default="inline",
                         help="process: samples are stored by a separate persister process")  # fmt: skip
     parser.add_argument("--profile", type=Path, nargs="?", const=ROOT / ".tuneloop" / "bench-profile",
@@ -394,8 +392,7 @@ def main(argv: list[str] | None = None) -> None:
     with workdir(args.keep) as tmp, contextlib.ExitStack() as stack:
         console.log("starting NATS, S3 and the ingest service")
         settings = start_infra(stack, tmp)
-        env = {"TUNELOOP_INGEST_WORKERS": str(args.workers),
-               "TUNELOOP_INGEST_PERSISTER": args.persister}  # fmt: skip
+        env = {"TUNELOOP_INGEST_PERSISTER": args.persister}
         ingest = start_ingest(stack, settings, tmp, env)
         persister = None
         if args.persister == "process":

@@ -27,7 +27,7 @@ def record(py_spy: Path, pid: int, duration_s: float, out: Path) -> subprocess.P
     """Start sampling `pid` for duration_s; wait on the returned process, then `summarise`."""
     out.parent.mkdir(parents=True, exist_ok=True)
     argv = [str(py_spy), "record", "--pid", str(pid), "--duration", f"{duration_s:.0f}"]
-    # --subprocesses: with TUNELOOP_INGEST_WORKERS > 1 the work happens in the worker processes.
+    # --subprocesses: the journal shipper and the OTLP pool are child processes of the service.
     argv += ["--rate", "200", "--format", "raw", "--nonblocking", "--subprocesses"]
     argv += ["--output", str(out)]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -236,11 +236,6 @@ def persister_process(settings: Settings, log_path: Path) -> RunningProcess:
     return module_process("services.ingest.persister", "persisting samples", settings, log_path)
 
 
-def shipper_process(settings: Settings, log_path: Path) -> RunningProcess:
-    """`python -m services.ingest.shipper`, ready once it holds the journal directory."""
-    return module_process("services.ingest.shipper", "shipping captured calls", settings, log_path)
-
-
 def settings_on_private_nats(
     path: Path, private_nats: RunningProcess, stack_settings: Settings
 ) -> Settings:

@@ -5,15 +5,19 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import stat
+import time
 from dataclasses import fields
 from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
+import psutil
 import pytest
 
 from services.ingest.capture import CapturedCall, Fidelity, SpillFile, to_exchange
 from services.ingest.normalize import NormalizeError, normalize
+from shared.processes import Incarnation, start_mark, this_incarnation
 from tests.fakes.upstream import recorded
 
 
@@ -86,7 +90,7 @@ def test_spill_records_round_trip_and_a_torn_last_line_is_skipped(tmp_path: Path
     with spill.path.open("ab") as handle:
         handle.write(b'{"kind": "call", "payl')  # the process died mid-write
     [claimed] = spill.claim()
-    records = spill.records(claimed)
+    records = list(spill.records(claimed))
     assert len(records) == 1
     assert CapturedCall.from_record(records[0]["payload"]) == call
     assert not spill.path.exists()
@@ -120,25 +124,61 @@ def test_a_responses_call_is_read_as_one_and_older_records_as_chat() -> None:
     assert to_exchange(CapturedCall.from_record(record)).api_path is None
 
 
-def test_a_claim_of_a_live_sibling_process_is_left_to_it_and_a_dead_ones_is_taken(
+def test_a_claim_of_a_live_sibling_process_is_left_to_it_and_a_gone_ones_is_taken(
     tmp_path: Path,
 ) -> None:
     spill = SpillFile(tmp_path / "spill.jsonl")
     record = {"kind": "call", "payload": {}}
-    sibling = tmp_path / f"spill.jsonl.replaying-{os.getppid()}-1"  # pytest's parent: alive
-    dead = tmp_path / f"spill.jsonl.replaying-{2**22 + 777}-2"  # above pid_max: no such process
-    for path in (sibling, dead):
+    parent = psutil.Process(os.getppid())  # pytest's parent: alive
+    sibling_run = Incarnation(parent.pid, start_mark(parent.pid) or "")
+    claims = {
+        "sibling": tmp_path / f"spill.jsonl.replaying-{sibling_run.name}-1",
+        # The same pid, another start: the sibling's pid reused after it died.
+        "reused": tmp_path / f"spill.jsonl.replaying-{parent.pid}.1-2",
+        "dead": tmp_path / f"spill.jsonl.replaying-{2**22 + 777}.1-3",  # above pid_max
+        "older version": tmp_path / f"spill.jsonl.replaying-{os.getppid()}-4",  # pid only
+    }
+    for path in claims.values():
         path.write_bytes(orjson.dumps(record) + b"\n")
     spill.append("sample", {"id": "s-1"})
     claimed = spill.claim()
-    assert sibling not in claimed
-    assert dead in claimed
-    mine = [p for p in claimed if p != dead]
-    assert len(mine) == 1
-    assert f".replaying-{os.getpid()}-" in mine[0].name
-    assert spill.records(mine[0]) == [{"kind": "sample", "payload": {"id": "s-1"}}]
-    mine[0].unlink()
-    assert spill.records(mine[0]) == []  # gone (replayed by someone else): nothing, no error
+    assert {name for name, path in claims.items() if path in claimed} == {
+        "reused",
+        "dead",
+        "older version",
+    }
+    [mine] = [p for p in claimed if p not in claims.values()]
+    assert f".replaying-{this_incarnation().name}-" in mine.name
+    assert list(spill.records(mine)) == [{"kind": "sample", "payload": {"id": "s-1"}}]
+    mine.unlink()
+    assert list(spill.records(mine)) == []  # gone (replayed by someone else): nothing, no error
+
+
+def test_the_spill_file_refuses_records_past_its_cap_except_those_a_replay_writes_back(
+    tmp_path: Path,
+) -> None:
+    spill = SpillFile(tmp_path / "spill.jsonl", max_bytes=4096)
+    payload = {"text": "x" * 900}
+    kept = sum(spill.append("sample", payload) for _ in range(10))
+    assert kept == 4  # ~930 bytes a line
+    assert spill.used() <= 4096
+    # Claimed (being replayed) still counts: renaming it aside frees nothing.
+    [claimed] = spill.claim()
+    assert not spill.append("sample", payload)
+    with SpillFile.readmitting():  # a replayed record that failed again takes its own place
+        assert spill.append("sample", payload)
+    claimed.unlink()
+    time.sleep(0.6)  # the size is looked up again every half second
+    assert spill.append("sample", payload)
+
+
+def test_spill_and_held_files_are_0600_in_a_0700_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "ingest"
+    folder.mkdir(mode=0o755)
+    spill = SpillFile(folder / "capture-spill.jsonl")
+    spill.append("sample", {"id": "s-1"})
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE(spill.path.stat().st_mode) == 0o600
 
 
 def test_fidelity_reports_per_source_and_bounds_distinct_reasons() -> None:

@@ -24,14 +24,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from services.ingest.config import IngestSettings
 from services.ingest.otlp_workers import map_export
-from shared import bus, db, localstack
+from shared import bus, localstack
 from shared.chat import Sample
 from shared.events import SAMPLES, DeploymentReady, DeploymentStopped, Event, SampleCaptured
 from shared.settings import Settings
 from shared.storage import ObjectStore
 from tests.benchmarks.otlp_traces import TraceFactory, export_bodies, to_json, to_protobuf
-from tests.fakes.upstream import ENGINE_ANSWER, RunningUpstream, gateway_env, recorded
-from tests.plugins.infra import RunningProcess, settings_on_private_nats
+from tests.fakes.upstream import ENGINE_ANSWER, recorded
+from tests.plugins.infra import RunningProcess
 from tests.services.ingest.conftest import ADMIN, Edge
 
 
@@ -785,30 +785,3 @@ def test_a_model_the_hoster_deployed_is_routed_to_its_deployment(
         return False
 
     assert localstack.wait_until(unrouted, 15, interval_s=0.2)
-
-
-def test_inline_capture_tags_a_deployments_answers_with_its_version(
-    private_nats: RunningProcess,
-    s3_server: RunningProcess,
-    stack_settings: Settings,
-    tmp_path: Path,
-) -> None:
-    # A NATS of its own: on the session's, the edge's ingest would store these samples.
-    settings = settings_on_private_nats(tmp_path / "svc", private_nats, stack_settings)
-    db.migrate(settings.database_url)
-    with RunningUpstream() as upstream:
-        env = gateway_env(settings, upstream, tmp_path) | {"TUNELOOP_INGEST_CAPTURE": "inline"}
-        gateway = RunningProcess(
-            localstack.component(settings, "ingest"), tmp_path / "ingest.log", env=env
-        )
-        gateway.start()
-        try:
-            url = f"http://127.0.0.1:{settings.services.ingest_port}"
-            key = _acme_key(url)
-            ready = _deployed("ft:smol:acme:job1", "mv-2", f"{upstream.base_url}/deployed")
-            asyncio.run(_announce(settings, ready))
-            client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
-            _wait_routed(client, "ft:smol:acme:job1")
-            _check_answers_tagged_with_the_version(url, key, "ft:smol:acme:job1", "mv-2", "inl")
-        finally:
-            gateway.stop()

@@ -171,10 +171,9 @@ async def _map_many(mapper: ExportMapper, bodies: list[bytes]) -> list[MappedExp
     return await asyncio.gather(*(mapper.map(body, PROTOBUF, None, "acme") for body in bodies))
 
 
-def test_small_exports_and_a_mapper_without_processes_stay_in_this_process() -> None:
-    mapper = ExportMapper(0)
-    assert _map(mapper, _export(40)).samples == 40  # ~320 KB: mapped in a thread
-    assert mapper._pool is None
+def test_small_exports_stay_in_this_process() -> None:
+    with pytest.raises(ValueError, match="processes: 0"):
+        ExportMapper(0)
     mapper = ExportMapper(2, min_bytes=1 << 20)
     assert _map(mapper, _export(2)).samples == 2
     assert mapper._pool is None
@@ -204,18 +203,25 @@ def test_prepared_samples_that_fail_to_publish_are_spilled_whole_and_replayed(
     # The real publish_many on a broker that never connected: what NATS being away looks like.
     broker = bus.make_broker(NatsSettings(), service="test")
 
+    away = True
+
     async def nats_away(events: list[EncodedEvent]) -> list[BaseException | None]:
+        if not away:  # NATS is back
+            for event in events:
+                await publish(SampleCaptured.model_validate_json(event.payload))
+            return [None] * len(events)
         outcomes = await bus.publish_many(broker, events)
         assert all(isinstance(error, bus.BusUnavailable) for error in outcomes)
         return outcomes
 
     pipeline = CapturePipeline(publish=publish, publish_many=nats_away, store=None,
-                               spill=SpillFile(tmp_path / "spill.jsonl"), queue_size=10,
-                               can_publish=lambda: True, workers=0)  # fmt: skip
+                               spill=SpillFile(tmp_path / "spill.jsonl"),
+                               can_publish=lambda: True)  # fmt: skip
     prepared = map_export(_export(3), PROTOBUF, None, "acme").prepared
     asyncio.run(pipeline.deliver_prepared(prepared))
     assert published == []
     assert pipeline.fidelity.drain() == []
+    away = False
     assert asyncio.run(pipeline.replay()) == 3
     assert [(d.kind, d.count) for d in pipeline.fidelity.drain()] == [("samples", 3)]
     expected = [SampleCaptured.model_validate_json(p.event.payload).sample for p in prepared]
@@ -229,8 +235,8 @@ def test_a_pipeline_given_only_publish_sends_prepared_samples_one_by_one(tmp_pat
         published.append(event)
 
     pipeline = CapturePipeline(publish=publish, store=None,
-                               spill=SpillFile(tmp_path / "spill.jsonl"), queue_size=10,
-                               can_publish=lambda: True, workers=0)  # fmt: skip
+                               spill=SpillFile(tmp_path / "spill.jsonl"),
+                               can_publish=lambda: True)  # fmt: skip
     prepared = map_export(_export(2), PROTOBUF, None, "acme").prepared
     asyncio.run(pipeline.deliver_prepared(prepared))
     assert [event.event_id for event in published] == [p.event.event_id for p in prepared]

@@ -23,6 +23,7 @@ from shared import bus, db, localstack
 from shared.chat import Message, Sample
 from shared.events import SAMPLES, SampleCaptured
 from shared.settings import Settings
+from shared.storage import ObjectStore
 from tests.fakes.upstream import RunningUpstream, gateway_env
 from tests.plugins.infra import RunningProcess, module_process, settings_on_private_nats
 from tests.services.ingest.test_capture_spill import _tenant_auth
@@ -157,7 +158,12 @@ async def test_a_redelivered_batch_stores_nothing_twice(
     durable = bus.durable_name(handlers.SERVICE, SampleCaptured)
 
     async def persist_all() -> list[tuple[str, str]]:
-        persister = handlers.sample_persister(broker=broker, engine=engine, fidelity=Fidelity())
+        persister = handlers.sample_persister(
+            broker=broker,
+            engine=engine,
+            store=ObjectStore.from_settings(settings.s3),  # unused: no sample by reference
+            fidelity=Fidelity(),
+        )
         await persister.start()
         try:
             async with asyncio.timeout(20):

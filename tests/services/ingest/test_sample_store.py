@@ -22,7 +22,7 @@ from sqlmodel import Session
 from services.ingest.capture import Fidelity
 from services.ingest.handlers import sample_persister
 from services.ingest.models import SampleRow, SampleTag
-from services.ingest.pipeline import PreparedSample
+from services.ingest.pipeline import PreparedSample, sample_key
 from services.ingest.samples import (
     BadSampleEvent,
     _row,
@@ -36,6 +36,7 @@ from shared.chat import Sample
 from shared.db import make_engine
 from shared.events import SampleCaptured
 from shared.settings import NatsSettings
+from shared.storage import ObjectStore
 from tests.plugins.infra import RunningProcess
 
 NOW = datetime(2026, 3, 1, 12, 30, 15, 123456, tzinfo=UTC)
@@ -230,7 +231,10 @@ def test_stored_times_compare_with_times_sqlalchemy_binds(db_engine: Engine) -> 
 
 
 async def test_the_persister_stores_events_and_terminates_a_poison_one(
-    private_nats: RunningProcess, sqlite_url: URL, caplog: pytest.LogCaptureFixture
+    private_nats: RunningProcess,
+    sqlite_url: URL,
+    object_store: ObjectStore,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # A server of its own: the persister's durable consumer is the one every ingest process
     # of the test session shares on the session server.
@@ -241,7 +245,9 @@ async def test_the_persister_stores_events_and_terminates_a_poison_one(
     await bus.connect(broker, nats)
     await bus.declare_streams(broker.connection, nats)
     fidelity = Fidelity()
-    persister = sample_persister(broker=broker, engine=db_engine, fidelity=fidelity)
+    persister = sample_persister(
+        broker=broker, engine=db_engine, store=object_store, fidelity=fidelity
+    )
     caplog.set_level(logging.WARNING, logger="tuneloop.bus")
     samples = [_sample(tenant=tenant, ref=f"trace/{i}") for i in range(50)]
     try:
@@ -276,3 +282,75 @@ async def test_the_persister_stores_events_and_terminates_a_poison_one(
         await broker.stop()
     with Session(db_engine) as session:
         assert get_sample(session, tenant=tenant, sample_id=samples[7].id) == samples[7]
+
+
+def _by_reference(sample: Sample, store: ObjectStore, *, key: str | None = None) -> SampleCaptured:
+    """The event of a sample kept in object storage (what the pipeline publishes for one past
+    the inline limit); `key` puts it elsewhere."""
+    key = key or sample_key(sample.tenant, sample.id)
+    store.put_bytes(key, sample.to_json_bytes(), content_type="application/json")
+    return SampleCaptured(tenant=sample.tenant, event_id=sample.id, sample_ref=store.uri(key))
+
+
+def test_an_event_carries_its_sample_or_a_reference_never_both_nor_neither() -> None:
+    sample = _sample()
+    with pytest.raises(ValueError, match="exactly one of sample and sample_ref"):
+        SampleCaptured(tenant="acme", sample=sample, sample_ref="s3://b/k")
+    with pytest.raises(ValueError, match="exactly one of sample and sample_ref"):
+        SampleCaptured(tenant="acme")
+
+
+def test_a_reference_outside_the_tenants_samples_is_refused_naming_it() -> None:
+    event = SampleCaptured(tenant="acme", sample_ref="s3://bucket/tenants/other/samples/x.json")
+    with pytest.raises(BadSampleEvent, match=r"sample_ref: .* is not one of acme's samples"):
+        row_from_event(*_event_bytes_of(event))
+
+
+def _event_bytes_of(event: SampleCaptured) -> tuple[bytes, str]:
+    encoded = bus.encode(event, exclude_none=True)
+    return encoded.payload, encoded.subject
+
+
+async def test_the_persister_reads_a_sample_published_by_reference(
+    private_nats: RunningProcess, sqlite_url: URL, object_store: ObjectStore
+) -> None:
+    nats = NatsSettings(url=f"nats://127.0.0.1:{private_nats.component.ports[0].number}")
+    db_engine = make_engine(sqlite_url)
+    tenant = f"t{uuid.uuid4().hex[:10]}"
+    broker = bus.make_broker(nats, service="persister-test")
+    await bus.connect(broker, nats)
+    await bus.declare_streams(broker.connection, nats)
+    fidelity = Fidelity()
+    persister = sample_persister(
+        broker=broker, engine=db_engine, store=object_store, fidelity=fidelity
+    )
+    big = _sample(tenant=tenant, ref="trace/big", turns=400)
+    kept = _sample(tenant=tenant, ref="trace/kept")
+    gone = _sample(tenant=tenant, ref="trace/gone")
+    missing = _by_reference(gone, object_store)
+    object_store.delete(sample_key(tenant, gone.id))  # removed by hand after publishing
+    events = [_by_reference(big, object_store), missing, SampleCaptured(tenant=tenant, sample=kept)]
+    try:
+        await persister.start()
+        assert await bus.publish_many(broker, events) == [None, None, None]
+
+        def stored() -> set[str]:
+            with Session(db_engine) as session:
+                rows = select(SampleRow.id).where(SampleRow.tenant == tenant)
+                return set(session.execute(rows).scalars())
+
+        async with asyncio.timeout(20):
+            while stored() != {big.id, kept.id}:
+                await asyncio.sleep(0.05)
+        # The one whose object is gone is counted, not retried forever, and not stored.
+        async with asyncio.timeout(10):
+            while not fidelity.report(tenant):
+                await asyncio.sleep(0.05)
+        [reason] = fidelity.report(tenant)["unknown"]["dropped"]
+        assert reason.startswith("sample by reference: ")
+        assert "no such object" in reason
+    finally:
+        await persister.stop()
+        await broker.stop()
+    with Session(db_engine) as session:
+        assert get_sample(session, tenant=tenant, sample_id=big.id) == big

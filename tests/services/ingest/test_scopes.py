@@ -288,10 +288,10 @@ def test_dataset_builds_leave_purposed_samples_out_unless_asked(
     assert selected == {(): 4, ("judge",): 7}
 
 
-# --- the other capture mode, and a key from `tuneloop keys create` ------------------------------
+# --- a key from `tuneloop keys create`, through a gateway process of its own ---------------------
 
 
-def test_inline_capture_carries_the_purpose_of_a_cli_issued_internal_key(
+def test_capture_carries_the_purpose_of_a_cli_issued_internal_key(
     private_nats: RunningProcess,
     s3_server: RunningProcess,
     stack_settings: Settings,
@@ -302,7 +302,7 @@ def test_inline_capture_carries_the_purpose_of_a_cli_issued_internal_key(
     # subscribers share the stream's consumer) in the edge's database.
     settings = settings_on_private_nats(tmp_path / "svc", private_nats, stack_settings)
     with RunningUpstream() as upstream:
-        env = gateway_env(settings, upstream, tmp_path) | {"TUNELOOP_INGEST_CAPTURE": "inline"}
+        env = gateway_env(settings, upstream, tmp_path)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         get_settings.cache_clear()

@@ -1,6 +1,6 @@
-"""TUNELOOP_INGEST_CAPTURE=process through real processes (ingest service, shipper, nats-server,
-S3, SQLite): the gateway only journals its calls, the shipper turns them into samples; the
-shipper SIGKILLed mid-way and started again loses none and stores none twice."""
+"""Capture through real processes (ingest service, its shipper child, nats-server, S3, SQLite):
+the gateway only journals its calls, the shipper turns them into samples; the shipper stopped,
+SIGKILLed and started again loses none and stores none twice."""
 
 from __future__ import annotations
 
@@ -13,15 +13,11 @@ import httpx
 import psutil
 import pytest
 
-from services.ingest.journal import journal_dir, segment_id
+from services.ingest.journal import SegmentName, journal_dir
 from shared import db, localstack
 from shared.settings import Settings
 from tests.fakes.upstream import RunningUpstream, gateway_env, recorded
-from tests.plugins.infra import (
-    RunningProcess,
-    settings_on_private_nats,
-    shipper_process,
-)
+from tests.plugins.infra import RunningProcess, settings_on_private_nats
 from tests.services.ingest.conftest import ADMIN
 
 FIRST, SECOND = 6, 9
@@ -49,15 +45,11 @@ def test_calls_journaled_by_the_gateway_are_stored_once_across_a_shipper_kill(
     settings = settings_on_private_nats(tmp_path / "svc", private_nats, stack_settings)
     db.migrate(settings.database_url)
     with RunningUpstream() as upstream:
-        env = gateway_env(settings, upstream, tmp_path) | {
-            "TUNELOOP_INGEST_CAPTURE": "process",
-            "TUNELOOP_INGEST_SHIPPER": "external",  # this test starts and kills the shipper
-        }  # fmt: skip
+        env = gateway_env(settings, upstream, tmp_path)
         gateway = RunningProcess(
             localstack.component(settings, "ingest"), tmp_path / "ingest.log", env=env
         )
         gateway.start()
-        shipper = shipper_process(settings, tmp_path / "shipper.log")
         try:
             url = f"http://127.0.0.1:{settings.services.ingest_port}"
             auth = {"Authorization": f"Bearer {_tenant_key(url)}"}
@@ -71,37 +63,34 @@ def test_calls_journaled_by_the_gateway_are_stored_once_across_a_shipper_kill(
                 page = httpx.get(f"{url}/v1/samples", params={"limit": 100}, headers=auth)
                 return [sample["source_ref"] for sample in page.json()["data"]]
 
+            assert localstack.wait_until(lambda: _shipper_child(gateway) is not None, 15)
+            shipper = _shipper_child(gateway)
+            assert shipper is not None
+            # Background work: the shipper only takes a core the gateway does not want (it
+            # asks for that once it has started up).
+            idle = lambda: os.sched_getscheduler(shipper.pid) == os.SCHED_IDLE  # noqa: E731
+            assert localstack.wait_until(idle, 15)
+            shipper.suspend()  # SIGSTOP: calls are answered and journaled, not yet samples
             for _ in range(FIRST):
                 call()
-            # No shipper yet: answered, journaled, not a sample.
             assert stored() == []
-            segments = [p for p in journal_dir(settings).glob("*.jsonl") if segment_id(p)]
+            segments = [p for p in journal_dir(settings).glob("*.jsonl") if SegmentName.parse(p)]
             assert len(segments) == 1
             assert len(segments[0].read_bytes().splitlines()) == FIRST
-
-            shipper.start()
-            assert localstack.wait_until(lambda: len(stored()) == FIRST, 30), shipper.log()[-2000:]
-            # Background work: the shipper only takes a core the gateway does not want.
-            assert shipper.process is not None
-            assert os.sched_getscheduler(shipper.process.pid) == os.SCHED_IDLE
-            shipper.kill()
+            shipper.kill()  # the service starts another, which ships from the journal
             for _ in range(SECOND):
                 call()
-            shipper = shipper_process(settings, tmp_path / "shipper.log")
-            shipper.start()
             assert localstack.wait_until(lambda: len(stored()) == FIRST + SECOND, 30), (
-                shipper.log()[-2000:]
+                gateway.log()[-2000:]
             )
             refs = stored()
             assert len(set(refs)) == FIRST + SECOND  # each call once
 
-            # The gateway stops (SIGTERM): its last segment is closed, shipped and removed.
+            # The gateway stops (SIGTERM): it closes its journal, and its shipper ships the
+            # last segment and removes it before exiting.
             gateway.stop()
-            assert localstack.wait_until(
-                lambda: not [p for p in journal_dir(settings).glob("*.jsonl*")], 15
-            ), sorted(p.name for p in journal_dir(settings).iterdir())
+            assert sorted(p.name for p in journal_dir(settings).iterdir()) == [".shipper.lock"]
         finally:
-            shipper.stop()
             gateway.stop()
 
 
@@ -128,7 +117,7 @@ def test_the_service_runs_its_shipper_restarts_it_and_takes_it_down_with_it(
     stack_settings: Settings,
     tmp_path: Path,
 ) -> None:
-    # The defaults, as `make up` runs the service: process capture, the shipper its child.
+    # As `make up` runs the service.
     settings = settings_on_private_nats(tmp_path / "svc", private_nats, stack_settings)
     db.migrate(settings.database_url)
     with RunningUpstream() as upstream:

@@ -48,9 +48,7 @@ class StoringPipeline:
             publish=self._publish,
             store=None,
             spill=SpillFile(tmp_path / f"spill-{id(self)}.jsonl"),
-            queue_size=10,
             can_publish=lambda: True,
-            workers=0,
         )
 
     async def _publish(self, event: SampleCaptured) -> None:
