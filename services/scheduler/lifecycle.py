@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import sys
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -30,7 +28,7 @@ from services.scheduler.config import SchedulerSettings
 from services.scheduler.jobs import JobError
 from services.scheduler.models import AttemptRow, CheckpointRow, JobRow
 from services.scheduler.protocol import TERMINAL, JobCreate
-from services.scheduler.providers import Handle, Provider
+from services.scheduler.providers import Handle, LaunchSpec, Provider
 from services.scheduler.throughput import THROUGHPUT
 from shared import catalogue
 from shared.db import session_scope, utcnow
@@ -257,17 +255,15 @@ class Scheduler:
             secret=planning.webhook_secret(self.settings.webhook_secret.get_secret_value(), job.id),
             torch_threads=self.settings.trainer_threads,
         )
-        work_dir.mkdir(parents=True, exist_ok=True)
-        config_path = work_dir / "job.json"
-        config_path.write_text(json.dumps(config))
-        config_path.chmod(0o600)  # it holds the job's webhook secret
-        argv = [sys.executable, "-m", "services.trainer", "run", "--config", str(config_path)]
-        handle = await asyncio.to_thread(
-            self.provider.submit,
-            argv,
+        spec = LaunchSpec(
+            job_id=job.id,
+            attempt_id=attempt_id,
+            tenant=job.tenant,
+            config=config,
             work_dir=work_dir,
             env=trainer_env(self.settings.trainer_threads),
         )
+        handle = await asyncio.to_thread(self.provider.submit, spec)
         await asyncio.to_thread(self._record_attempt, job.id, attempt_id, handle)
         await self.publish(
             JobAssigned(
@@ -519,7 +515,7 @@ def _eval_message(
 
 
 def trainer_env(threads: int) -> dict[str, str]:
-    env = dict(os.environ)
+    """What the trainer's environment adds (the local provider starts from the scheduler's own;
+    a remote one from its image's, so no secret of the scheduler travels)."""
     # The trainer's own thread pools follow the plan, so it leaves the eval engine its share.
-    env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
-    return env
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}

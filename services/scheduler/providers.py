@@ -1,9 +1,9 @@
 """Where an attempt runs: the provider Protocol every rung of the GPU ladder implements, and the
 local provider (a detached trainer process on this machine), the embedded default.
 
-A provider knows nothing of jobs: it gets a trainer command and a work directory, and answers
-where the attempt stands. Kubernetes and serverless providers are further small adapters of the
-same four calls.
+A provider gets a `LaunchSpec` (the attempt's trainer config, the checkpoint to resume from, the
+devices it needs) and answers where the attempt stands. Kubernetes (kubernetes_provider.py) and
+SkyPilot (skypilot_provider.py) are further small adapters of the same four calls.
 """
 
 from __future__ import annotations
@@ -15,16 +15,50 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import psutil
 
 from services.scheduler.launcher import EXIT_FILE
 
-AttemptState = Literal["running", "exited", "lost"]
+# pending: accepted by the provider, not running yet (a pod waiting for a node); preempted: the
+# provider took the machine away (a spot reclaim, a node drained), which is not the trainer's
+# fault and does not count against the job's retries.
+AttemptState = Literal["pending", "running", "exited", "lost", "preempted"]
 LOG_FILE = "trainer.log"
+CONFIG_FILE = "job.json"
+# What runs the trainer; the config path and the checkpoint to resume from are added.
+TRAINER = ("python", "-m", "services.trainer", "run")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One attempt of a job: everything a provider needs to run its trainer, wherever."""
+
+    job_id: str
+    attempt_id: str
+    tenant: str
+    # The trainer's job config (job.json): holds the job's webhook secret, so a provider keeps it
+    # as a secret (a 0600 file, a Kubernetes Secret) and never logs it.
+    config: dict[str, Any]
+    # A local scratch directory for this attempt (the local provider runs the trainer there).
+    work_dir: Path
+    # A committed checkpoint to go on from (a URI), or None to start from the base model.
+    resume_from: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    device: str = "cpu"
+    device_count: int = 1
+    # The provider's time limit for one attempt (the scheduler rolls over before it).
+    max_runtime_s: float | None = None
+    command: tuple[str, ...] = TRAINER
+
+    def trainer_argv(self, config_path: str) -> list[str]:
+        argv = [*self.command, "--config", config_path]
+        if self.resume_from:
+            argv += ["--resume-from", self.resume_from]
+        return argv
 
 
 @dataclass(frozen=True)
@@ -46,7 +80,7 @@ class Status:
 class Provider(Protocol):
     name: str
 
-    def submit(self, argv: list[str], *, work_dir: Path, env: dict[str, str]) -> Handle: ...
+    def submit(self, spec: LaunchSpec) -> Handle: ...
 
     def poll(self, handle: Handle) -> Status: ...
 
@@ -60,11 +94,20 @@ class LocalProvider:
     which records the exit status in the work directory: the scheduler can restart meanwhile,
     and a process it did not start cannot be waited for."""
 
-    name = "local"
+    def __init__(self, name: str = "local") -> None:
+        self.name = name
 
-    def submit(self, argv: list[str], *, work_dir: Path, env: dict[str, str]) -> Handle:
+    def submit(self, spec: LaunchSpec) -> Handle:
+        work_dir = spec.work_dir
         work_dir.mkdir(parents=True, exist_ok=True)
         (work_dir / EXIT_FILE).unlink(missing_ok=True)
+        config_path = work_dir / CONFIG_FILE
+        config_path.write_text(json.dumps(spec.config))
+        config_path.chmod(0o600)  # it holds the job's webhook secret
+        argv = spec.trainer_argv(str(config_path))
+        if argv[0] == "python":  # this interpreter, whose environment has the trainer
+            argv[0] = sys.executable
+        env = {**os.environ, **spec.env}
         launcher = [sys.executable, "-m", "services.scheduler.launcher", str(work_dir), "--", *argv]
         with (work_dir / LOG_FILE).open("ab") as log:
             process = subprocess.Popen(
