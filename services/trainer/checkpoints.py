@@ -49,6 +49,7 @@ __all__ = [
     "capture_rng_state",
     "load_model_weights",
     "load_training_state",
+    "rescale_learning_rate",
     "restore_rng_state",
     "save_training_state",
 ]
@@ -166,6 +167,27 @@ def _torch_load(path: Path) -> Any:
         raise CheckpointError(f"{path}: missing from the checkpoint")
     # weights_only: a checkpoint from storage must not be able to run code when loaded.
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def rescale_learning_rate(optimizer: Any, scheduler: Any | None, peak: float) -> None:
+    """Give a restored optimizer and schedule the config's peak learning rate, keeping the
+    schedule's place: its state holds the peak it was saved with, and a run resumed after a
+    divergence goes on at a lower one."""
+    if scheduler is None or not getattr(scheduler, "base_lrs", None):
+        return
+    saved = scheduler.base_lrs[0]
+    if saved == peak:
+        return
+    ratio = peak / saved
+    scheduler.base_lrs = [base * ratio for base in scheduler.base_lrs]
+    # What get_last_lr() reports (and the progress reports show) until the next step.
+    if getattr(scheduler, "_last_lr", None):
+        scheduler._last_lr = [rate * ratio for rate in scheduler._last_lr]
+    for group in optimizer.param_groups:
+        group["lr"] *= ratio
+        if "initial_lr" in group:
+            group["initial_lr"] *= ratio
+    log.info("learning rate peak %.3g instead of the checkpoint's %.3g", peak, saved)
 
 
 def load_training_state(

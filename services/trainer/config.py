@@ -133,7 +133,11 @@ class JobConfig(_Strict):
         decisive = self.model_dump(
             mode="json", include={"base_model", "dataset", "method", "lora", "hyperparameters"}
         )
-        decisive["hyperparameters"].pop("max_steps", None)  # extending a run is allowed
+        # Extending a run is allowed, and so is a new learning rate: it is how a run that
+        # diverged (a NaN loss) goes on from its last good checkpoint (the schedule keeps its
+        # place and takes the new peak, loop.Trainer._restore).
+        decisive["hyperparameters"].pop("max_steps", None)
+        decisive["hyperparameters"].pop("learning_rate", None)
         return hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()[:16]
 
 

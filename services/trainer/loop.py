@@ -43,6 +43,7 @@ from services.trainer.checkpoints import (
     NoCheckpoint,
     load_model_weights,
     load_training_state,
+    rescale_learning_rate,
     save_training_state,
 )
 from services.trainer.config import ConfigError, JobConfig
@@ -237,6 +238,7 @@ class _Run:
             load_optimizer=lambda sd: dist_utils.load_optimizer_state(model, optimizer, sd),
         )
         shutil.rmtree(local, ignore_errors=True)
+        rescale_learning_rate(optimizer, self.scheduler, self.config.hyperparameters.learning_rate)
         self.history = list(state.get("history", []))
         self.resumed_from = self.last_checkpoint = uri
         log.info("resumed", extra={"checkpoint": uri, "step": state["step"]})

@@ -107,7 +107,7 @@ def test_resume_refuses_a_checkpoint_of_another_config(
         tiny_model_dir,
         snapshot,
         tmp_path / "out",
-        hyperparameters={"max_steps": 3, "learning_rate": 1e-2},
+        hyperparameters={"max_steps": 3, "weight_decay": 0.1},
     )
     with pytest.raises(TrainingFailed) as failed:
         run_training(parse_config({**changed, "resume_from": "latest"}), work_dir=tmp_path / "w2")
@@ -124,6 +124,35 @@ def test_resume_refuses_a_checkpoint_of_another_config(
     )
     assert result.steps == 3
     assert len(result.history) == 3
+
+
+def test_a_run_resumed_with_a_lower_learning_rate_keeps_its_schedule_at_the_new_peak(
+    tiny_model_dir: Path, snapshot: Path, tmp_path: Path
+) -> None:
+    # How a run that diverged goes on (the scheduler halves the rate after a NaN loss).
+    def config(name: str, rate: float, max_steps: int, **extra: object) -> object:
+        hyperparameters = {"max_steps": max_steps, "learning_rate": rate, "warmup_steps": 0}
+        document = tiny_job(
+            tiny_model_dir, snapshot, tmp_path / name, hyperparameters=hyperparameters
+        )
+        return parse_config({**document, **extra})
+
+    whole = run_training(config("whole", 2e-3, 6), work_dir=tmp_path / "w1")  # 4 steps: one epoch
+    stop = threading.Event()
+
+    def stop_at_3(metrics: StepMetrics) -> None:
+        if metrics.step == 3:
+            stop.set()
+
+    first = run_training(
+        config("halved", 2e-3, 6), work_dir=tmp_path / "w2", stop=stop, on_step=stop_at_3
+    )
+    assert first.steps == 3
+    halved = run_training(config("halved", 1e-3, 6, resume_from="latest"), work_dir=tmp_path / "w3")
+    rates = [entry["learning_rate"] for entry in whole.history]
+    resumed = [entry["learning_rate"] for entry in halved.history]
+    assert resumed[:3] == pytest.approx(rates[:3])  # the first attempt's, from its checkpoint
+    assert resumed[3:] == pytest.approx([rate / 2 for rate in rates[3:]])  # same place, half
 
 
 def _wait_for(
