@@ -185,19 +185,13 @@ async def forward(
         )
     except UpstreamError as exc:
         raise UpstreamUnreachable(exc.kind) from exc
-    try:
-        headers = [(name, value) for name, value in upstream.headers if name not in _DROP_RESPONSE]
-        headers += response_headers
-        start = {"type": "http.response.start", "status": upstream.status, "headers": headers}
-        content_type = (upstream.header(b"content-type") or b"").decode("latin-1")
-        if upstream.content_length is not None and not content_type.startswith("text/event-stream"):
-            complete = await _relay_whole(upstream, start, send, tap)
-        else:
-            complete = await _relay_stream(upstream, start, receive, send, tap)
-    finally:
-        upstream.release()
-    # Only whole answers are captured; a cut-off one would be a truncated training example.
-    if complete and capture is not None:
+    content_type = (upstream.header(b"content-type") or b"").decode("latin-1")
+
+    def journal() -> None:
+        """Capture the whole answer: called once it is all here, before its last bytes go out,
+        so a gateway killed at any moment never leaves a client an answer it did not keep."""
+        if capture is None:
+            return
         capture(
             CapturedCall(
                 api=api,
@@ -217,19 +211,36 @@ async def forward(
             )
         )
 
+    try:
+        headers = [(name, value) for name, value in upstream.headers if name not in _DROP_RESPONSE]
+        headers += response_headers
+        start = {"type": "http.response.start", "status": upstream.status, "headers": headers}
+        # Only whole answers are captured; a cut-off one would be a truncated training example.
+        if upstream.content_length is not None and not content_type.startswith("text/event-stream"):
+            await _relay_whole(upstream, start, send, tap, journal)
+        else:
+            await _relay_stream(upstream, start, receive, send, tap, journal)
+    finally:
+        upstream.release()
+
 
 async def _relay_whole(
-    upstream: UpstreamResponse, start: dict[str, object], send: Send, tap: _Tap
-) -> bool:
-    """A sized answer: read it all, then send it in one message (two writes, no chunking)."""
+    upstream: UpstreamResponse,
+    start: dict[str, object],
+    send: Send,
+    tap: _Tap,
+    journal: Callable[[], None],
+) -> None:
+    """A sized answer: read it all, journal it, then send it in one message (two writes, no
+    chunking)."""
     try:
         body = await upstream.read()
     except UpstreamError as exc:
         raise UpstreamUnreachable(exc.kind) from exc
     tap.add(body)
+    journal()
     await send(start)
     await send({"type": "http.response.body", "body": body, "more_body": False})
-    return True
 
 
 async def _relay_stream(
@@ -238,15 +249,18 @@ async def _relay_stream(
     receive: Receive,
     send: Send,
     tap: _Tap,
-) -> bool:
-    """A stream: chunk by chunk as it arrives. A client that goes away ends the relay (the
-    upstream connection is then closed, not reused); returns whether the whole answer went out."""
+    journal: Callable[[], None],
+) -> None:
+    """A stream: chunk by chunk as it arrives, journaled once the upstream has ended, before
+    the end goes to the client. A client that goes away ends the relay (the upstream
+    connection is then closed, not reused; nothing is journaled)."""
     await send(start)
 
     async def pump() -> None:
         while (chunk := await upstream.next_chunk()) is not None:
             tap.add(chunk)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        journal()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     relay = asyncio.ensure_future(pump())
@@ -261,9 +275,8 @@ async def _relay_stream(
                     await task
     if relay.cancelled():
         upstream.close()
-        return False
+        return
     relay.result()  # an upstream cut off mid-stream raises here: the client's connection is aborted
-    return True
 
 
 async def _disconnected(receive: Receive) -> None:
