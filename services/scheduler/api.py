@@ -71,6 +71,26 @@ async def cancel_job(
     return jobs.to_api(row)
 
 
+@router.post("/jobs/{fine_tuning_job_id}/pause", response_model=Job, summary="Pause a job")
+async def pause_job(
+    fine_tuning_job_id: str, principal: auth.WriterDep, scheduler: SchedulerDep
+) -> Job:
+    """SIGTERM to the trainer, which checkpoints and exits; `resume` goes on from there. 409
+    for a job that is not queued or running."""
+    row = await scheduler.pause(tenant=principal.tenant_id, job_id=fine_tuning_job_id)
+    return jobs.to_api(row)
+
+
+@router.post("/jobs/{fine_tuning_job_id}/resume", response_model=Job, summary="Resume a job")
+async def resume_job(
+    fine_tuning_job_id: str, principal: auth.WriterDep, scheduler: SchedulerDep
+) -> Job:
+    """A paused job is queued again; its next attempt goes on from its newest checkpoint. 409
+    for a job that is not paused."""
+    row = await scheduler.resume(tenant=principal.tenant_id, job_id=fine_tuning_job_id)
+    return jobs.to_api(row)
+
+
 @router.get(
     "/jobs/{fine_tuning_job_id}/events", response_model=JobEventList, summary="A job's events"
 )

@@ -16,8 +16,8 @@ from fastapi.responses import JSONResponse
 from services.scheduler import api, handlers
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.jobs import JobError
+from services.scheduler.ladder import ProviderPool, load_ladder
 from services.scheduler.lifecycle import Scheduler
-from services.scheduler.providers import LocalProvider
 from services.scheduler.webhooks import ReportReceiver
 from shared import bus
 from shared.events import Event
@@ -45,7 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine=runtime.engine,
         store=ObjectStore.from_settings(common.s3),
         publish=publish,
-        provider=LocalProvider(),
+        pool=ProviderPool(load_ladder(own.providers_file)),
         settings=own,
         data_dir=common.app.data_dir.resolve(),
         webhook_base=runtime.address,
@@ -95,7 +95,8 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> JSO
 
 
 class _Poller:
-    """Checks running attempts every few seconds (a trainer that died without a report)."""
+    """Checks the live attempts every few seconds (ended, overdue, silent) and places queued
+    jobs (attempts.py)."""
 
     def __init__(self, scheduler: Scheduler, interval_s: float) -> None:
         self.scheduler, self.interval_s = scheduler, interval_s
@@ -109,12 +110,13 @@ class _Poller:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
+        await self.scheduler.attempts.drain()
         await self.scheduler.http.aclose()
 
     async def _run(self) -> None:
         while True:
             try:
-                await self.scheduler.check_attempts()
+                await self.scheduler.attempts.check()
             except Exception:  # the database away, say: said, and tried again next round
                 log.exception("checking running attempts failed")
             await asyncio.sleep(self.interval_s)

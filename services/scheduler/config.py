@@ -40,6 +40,19 @@ class SchedulerSettings(BaseSettings):
     poll_interval_s: float = Field(default=2.0, gt=0)
     # The ingest service, for dataset builds of uploaded files (default: the local stack's).
     ingest_url: str | None = None
+    # The GPU ladder (ladder.py); None: the local provider alone.
+    providers_file: Path | None = None
+    # Attempts a job may fail (a crash, a NaN, a lost trainer) before it fails; preemptions and
+    # the scheduler's own stops (rollover, pause) do not count.
+    max_failed_attempts: int = Field(default=3, ge=1)
+    # How long before a provider's max runtime an attempt is rolled over to a new one (time for
+    # the trainer to finish its step and write a checkpoint).
+    rollover_lead_s: float = Field(default=60.0, ge=0)
+    # A running attempt that has not reported for this long is taken for lost (a hung trainer,
+    # a node gone quiet): stopped, and the job goes on in a new attempt.
+    heartbeat_timeout_s: float = Field(default=900.0, gt=0)
+    # Jobs of one tenant running at once; the rest wait queued, first come first served.
+    tenant_max_running: int = Field(default=2, ge=1)
 
     @classmethod
     def load(cls, app: AppSettings) -> SchedulerSettings:

@@ -9,11 +9,15 @@ fails the start instead of being ignored.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+if TYPE_CHECKING:
+    from services.scheduler.providers import Provider
 
 Kind = Literal["local", "kubernetes", "skypilot"]
 
@@ -119,3 +123,43 @@ def load_ladder(path: Path | None) -> Ladder:
             for error in exc.errors()
         )
         raise LadderError(f"{path}: {problems}") from None
+
+
+def make_provider(spec: ProviderSpec) -> Provider:
+    """The adapter of the rung's kind (imported only when a ladder names it: the Kubernetes
+    client and SkyPilot are not needed to run locally)."""
+    if spec.kind == "kubernetes":
+        from services.scheduler.kubernetes_provider import KubernetesProvider
+
+        return KubernetesProvider(spec)
+    if spec.kind == "skypilot":
+        from services.scheduler.skypilot_provider import SkyPilotProvider
+
+        return SkyPilotProvider(spec)
+    from services.scheduler.providers import LocalProvider
+
+    return LocalProvider(spec.name)
+
+
+class ProviderPool:
+    """The ladder's rungs and their providers, each made once."""
+
+    def __init__(self, ladder: Ladder, providers: Mapping[str, Provider] | None = None) -> None:
+        self.ladder = ladder
+        given = dict(providers or {})
+        self._providers = {
+            spec.name: given.get(spec.name) or make_provider(spec) for spec in ladder.providers
+        }
+        self._specs = {spec.name: spec for spec in ladder.providers}
+
+    def ordered(self) -> list[ProviderSpec]:
+        return self.ladder.ordered()
+
+    def spec(self, name: str) -> ProviderSpec:
+        return self._specs[name]
+
+    def get(self, name: str) -> Provider:
+        return self._providers[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._providers

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -24,11 +23,12 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from services.scheduler import datasets, jobs, planning
+from services.scheduler.attempts import Attempts
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.jobs import JobError
-from services.scheduler.models import AttemptRow, CheckpointRow, JobRow
+from services.scheduler.ladder import ProviderPool
+from services.scheduler.models import CheckpointRow, JobRow
 from services.scheduler.protocol import TERMINAL, JobCreate
-from services.scheduler.providers import Handle, LaunchSpec, Provider
 from services.scheduler.throughput import THROUGHPUT
 from shared import catalogue
 from shared.db import session_scope, utcnow
@@ -40,7 +40,6 @@ from shared.events import (
     EvalCompleted,
     EvalDecided,
     Event,
-    JobAssigned,
     JobCancelled,
     JobCreated,
     JobFailed,
@@ -61,7 +60,7 @@ class Scheduler:
     engine: Engine
     store: ObjectStore
     publish: Publish
-    provider: Provider
+    pool: ProviderPool
     settings: SchedulerSettings
     data_dir: Path
     webhook_base: str  # this service's own URL, for the trainer's reports
@@ -69,6 +68,20 @@ class Scheduler:
     http: httpx.AsyncClient
     # Plans started in the background: held, so the loop does not collect them mid-way.
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    attempts: Attempts = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.attempts = Attempts(
+            engine=self.engine,
+            publish=self.publish,
+            pool=self.pool,
+            settings=self.settings,
+            work_root=self._work_dir(),
+            output_prefix=self.output_prefix,
+            trainer_config=self._trainer_config,
+            fail=self.fail,
+            trainer_env=trainer_env(self.settings.trainer_threads),
+        )
 
     # --- accepting a job ------------------------------------------------------------------
 
@@ -194,7 +207,7 @@ class Scheduler:
             )
         )
         await self.publish(JobQueued(tenant=job.tenant, job_id=job.id, position=0))
-        await self.launch(job_id)
+        await self.attempts.assign()
 
     def _claim(self, job_id: str, dataset_uri: str) -> JobRow | None:
         """Take the job for planning once (a redelivered dataset.built finds it taken). The
@@ -240,53 +253,16 @@ class Scheduler:
             session.add(row)
             session.commit()
 
-    async def launch(self, job_id: str) -> None:
-        attempt_id = f"attempt-{uuid.uuid4().hex[:12]}"
-        job = await asyncio.to_thread(self.job, job_id)
-        if job.status in TERMINAL:
-            return
-        work_dir = self._work_dir() / job.id / attempt_id
-        config = planning.trainer_config(
+    def _trainer_config(self, job: JobRow, attempt_id: str, output_prefix: str) -> dict[str, Any]:
+        return planning.trainer_config(
             job,
             json.loads(job.plan or b"{}"),
             attempt_id=attempt_id,
-            output_prefix=self.output_prefix(job),
+            output_prefix=output_prefix,
             webhook_url=f"{self.webhook_base}/internal/trainer/{job.id}/reports",
             secret=planning.webhook_secret(self.settings.webhook_secret.get_secret_value(), job.id),
             torch_threads=self.settings.trainer_threads,
         )
-        spec = LaunchSpec(
-            job_id=job.id,
-            attempt_id=attempt_id,
-            tenant=job.tenant,
-            config=config,
-            work_dir=work_dir,
-            env=trainer_env(self.settings.trainer_threads),
-        )
-        handle = await asyncio.to_thread(self.provider.submit, spec)
-        await asyncio.to_thread(self._record_attempt, job.id, attempt_id, handle)
-        await self.publish(
-            JobAssigned(
-                tenant=job.tenant, job_id=job.id, attempt_id=attempt_id, provider=handle.provider
-            )
-        )
-
-    def _record_attempt(self, job_id: str, attempt_id: str, handle: Handle) -> None:
-        with session_scope(self.engine) as session:
-            session.add(
-                AttemptRow(
-                    id=attempt_id,
-                    job_id=job_id,
-                    provider=handle.provider,
-                    ref=handle.ref,
-                    work_dir=handle.work_dir,
-                    state="running",
-                )
-            )
-            session.commit()
-            jobs.add_event(
-                session, job_id, f"Attempt {attempt_id} started on the {handle.provider} provider"
-            )
 
     def output_prefix(self, job: JobRow) -> str:
         return f"s3://{self.store.bucket}/tenants/{job.tenant}/jobs/{job.id}"
@@ -326,7 +302,7 @@ class Scheduler:
         """Cancelled first, then the trainer signalled: the attempt poller, seeing the trainer
         exit on the signal, must find a job that has ended, not one to fail."""
 
-        def mark() -> tuple[JobRow, list[AttemptRow]]:
+        def mark() -> JobRow:
             with session_scope(self.engine) as session:
                 row = jobs.get(session, tenant=tenant, job_id=job_id)
                 if row.status in TERMINAL:
@@ -338,63 +314,58 @@ class Scheduler:
                 session.commit()
                 jobs.add_event(session, job_id, "Job cancelled")
                 session.refresh(row)
-                attempts = session.exec(
-                    select(AttemptRow).where(
-                        AttemptRow.job_id == job_id, AttemptRow.state == "running"
-                    )
-                ).all()
-                return row, list(attempts)
+                return row
 
-        row, attempts = await asyncio.to_thread(mark)
+        row = await asyncio.to_thread(mark)
         await self.publish(JobCancelled(tenant=tenant, job_id=job_id, requested_by="api"))
-        for attempt in attempts:
-            handle = Handle(attempt.provider, attempt.ref, attempt.work_dir)
-            status = await asyncio.to_thread(
-                self.provider.cancel, handle, grace_s=self.settings.cancel_grace_s
-            )
-            await asyncio.to_thread(
-                self._end_attempt, attempt.id, "cancelled", status.returncode, status.reason
-            )
+        await self.attempts.cancel(job_id)
         return row
 
-    def _end_attempt(
-        self, attempt_id: str, state: str, returncode: int | None, reason: str
-    ) -> None:
-        with session_scope(self.engine) as session:
-            attempt = session.get(AttemptRow, attempt_id)
-            if attempt is None or attempt.state != "running":
-                return
-            attempt.state, attempt.returncode, attempt.reason = state, returncode, reason[:1000]
-            attempt.ended_at = utcnow()
-            session.add(attempt)
-            session.commit()
+    async def pause(self, *, tenant: str, job_id: str) -> JobRow:
+        """Paused at once (so the attempt that stops is not followed by another), then its
+        trainer asked to stop: it checkpoints, and `resume` goes on from there."""
 
-    async def check_attempts(self) -> None:
-        """Poll running attempts: a trainer that died without reporting fails its job with the
-        reason (its exit status, or `lost` when it left none: killed, the machine restarted)."""
-        attempts = await asyncio.to_thread(self._running_attempts)
-        for attempt in attempts:
-            handle = Handle(attempt.provider, attempt.ref, attempt.work_dir)
-            status = await asyncio.to_thread(self.provider.poll, handle)
-            if status.state == "running":
-                continue
-            await asyncio.to_thread(
-                self._end_attempt, attempt.id, status.state, status.returncode, status.reason
-            )
-            job = await asyncio.to_thread(self.job, attempt.job_id)
-            if job.status in TERMINAL or (status.state == "exited" and status.returncode == 0):
-                continue  # ended as reported (completed, failed, cancelled)
-            if status.state == "lost":
-                await self.fail(job.id, "lost", f"attempt {attempt.id}: {status.reason}")
-            else:
-                tail = self.provider.logs(handle, tail_bytes=600).strip().splitlines()[-3:]
-                await self.fail(
-                    job.id, "trainer_exited", f"the trainer {status.reason}: {' / '.join(tail)}"
+        def mark() -> JobRow:
+            with session_scope(self.engine) as session:
+                row = jobs.get(session, tenant=tenant, job_id=job_id)
+                if row.status not in ("queued", "running"):
+                    raise JobError(
+                        409, f"job {job_id} is {row.status}: only a queued or running job "
+                        "pauses", param="fine_tuning_job_id",
+                    )  # fmt: skip
+                row.status = "paused"
+                session.add(row)
+                session.commit()
+                jobs.add_event(
+                    session, job_id, "Pause requested: the trainer checkpoints and stops"
                 )
+                session.refresh(row)
+                return row
 
-    def _running_attempts(self) -> list[AttemptRow]:
-        with session_scope(self.engine) as session:
-            return list(session.exec(select(AttemptRow).where(AttemptRow.state == "running")).all())
+        row = await asyncio.to_thread(mark)
+        for attempt in await asyncio.to_thread(self.attempts.live_attempts, job_id):
+            await self.attempts.request_stop(attempt, "pause")
+        return row
+
+    async def resume(self, *, tenant: str, job_id: str) -> JobRow:
+        def mark() -> JobRow:
+            with session_scope(self.engine) as session:
+                row = jobs.get(session, tenant=tenant, job_id=job_id)
+                if row.status != "paused":
+                    raise JobError(
+                        409, f"job {job_id} is {row.status}: only a paused job resumes",
+                        param="fine_tuning_job_id",
+                    )  # fmt: skip
+                row.status = "queued"
+                session.add(row)
+                session.commit()
+                jobs.add_event(session, job_id, "Resumed: queued for its next attempt")
+                session.refresh(row)
+                return row
+
+        row = await asyncio.to_thread(mark)
+        await self.attempts.assign()
+        return row
 
     # --- what the evaluator and the hoster decided -------------------------------------------
 

@@ -77,16 +77,32 @@ class CheckpointRow(SQLModel, table=True):
 
 
 class AttemptRow(SQLModel, table=True):
+    """One run of a job's trainer on one provider. A job's attempts are numbered from 1; the
+    highest is the current one, the only one whose reports are taken (webhooks.py)."""
+
     __tablename__ = "scheduler_attempts"
 
     id: str = Field(primary_key=True, max_length=64)
     job_id: str = Field(max_length=64, index=True)
+    number: int = 1
     provider: str = Field(max_length=32)
     # The provider's handle (local: "<pid>:<start time>") and the attempt's work directory.
     ref: str = Field(max_length=256)
     work_dir: str = Field(max_length=1024)
+    # pending | running (live); exited | lost | preempted | cancelled (ended, as the provider
+    # saw it end)
     state: str = Field(max_length=16)
     returncode: int | None = None
     reason: str | None = Field(default=None, max_length=1000)
     started_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     ended_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # The checkpoint it went on from; the steps it reported first and last; its last report.
+    resume_from: str | None = Field(default=None, max_length=1024)
+    first_step: int | None = None
+    last_step: int | None = None
+    last_report_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # Why the scheduler asked it to stop (rollover | pause | cancel | heartbeat), if it did.
+    stop_requested: str | None = Field(default=None, max_length=16)
+    # The failure the trainer reported (nan_loss, oom, error, ...), and whether it finished.
+    failure: str | None = Field(default=None, max_length=32)
+    completed: bool = False

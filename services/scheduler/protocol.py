@@ -13,7 +13,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Auto = Literal["auto"]
-JobStatus = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled"]
+JobStatus = Literal[
+    "validating_files", "queued", "running", "paused", "succeeded", "failed", "cancelled"
+]
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 # OpenAI's own limits for these fields.
 N_EPOCHS = Annotated[int, Field(ge=1, le=50)]

@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from sqlmodel import col, select
 
 from services.scheduler import jobs, planning
+from services.scheduler.attempts import PERMANENT_FAILURES
 from services.scheduler.jobs import JobError
 from services.scheduler.lifecycle import Scheduler
-from services.scheduler.models import CheckpointRow, JobRow
+from services.scheduler.models import AttemptRow, CheckpointRow, JobRow
 from services.scheduler.protocol import TERMINAL
 from shared.db import session_scope, utcnow
 from shared.events import CheckpointSaved, JobProgressed, JobStarted, TrainingCompleted
@@ -66,11 +67,22 @@ class ReportReceiver:
             raise JobError(
                 400, "job_id / tenant: the report is about another job", code="invalid_report"
             )
+        if not await asyncio.to_thread(self.scheduler.attempts.take_report, job.id, report):
+            # An attempt the job has moved on from (rolled over, recovered): what it still
+            # says, a checkpoint above all, must not become the job's.
+            raise JobError(
+                409,
+                f"attempt_id: {report.attempt_id} is not the current attempt of job {job.id}",
+                code="stale_attempt",
+            )
         await self.apply(job, report)
 
     async def apply(self, job: JobRow, report: TrainerReport) -> None:
         if isinstance(report, FailedReport):
-            await self.scheduler.fail(job.id, report.reason, report.message)
+            # A failure a new attempt would repeat ends the job now; any other is the attempt's,
+            # and the poll that sees its trainer exit decides what comes next (attempts.py).
+            if report.reason in PERMANENT_FAILURES:
+                await self.scheduler.fail(job.id, report.reason, report.message)
             return
         if job.status in TERMINAL:
             return  # a cancelled job's trainer may still be saying goodbye
@@ -90,7 +102,7 @@ class ReportReceiver:
                 tenant=job.tenant,
                 job_id=job.id,
                 attempt_id=report.attempt_id,
-                provider=self.scheduler.provider.name,
+                provider=await asyncio.to_thread(self._provider_of, report.attempt_id),
             )
         )
 
@@ -111,6 +123,11 @@ class ReportReceiver:
                 )
 
         await asyncio.to_thread(record)
+
+    def _provider_of(self, attempt_id: str) -> str:
+        with session_scope(self.scheduler.engine) as session:
+            attempt = session.get(AttemptRow, attempt_id)
+            return attempt.provider if attempt is not None else "unknown"
 
     async def _progress(self, job: JobRow, report: ProgressReport) -> None:
         await self.scheduler.publish(

@@ -16,9 +16,10 @@ from sqlalchemy.engine.url import URL
 from services.scheduler import jobs, planning
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.jobs import JobError
+from services.scheduler.ladder import LOCAL_ONLY, ProviderPool
 from services.scheduler.lifecycle import Scheduler
+from services.scheduler.models import AttemptRow
 from services.scheduler.protocol import JobCreate
-from services.scheduler.providers import LocalProvider
 from services.scheduler.webhooks import ReportReceiver
 from shared.db import make_engine, session_scope
 from shared.events import CheckpointSaved, Event, JobFailed, JobStarted, TrainingCompleted
@@ -58,7 +59,7 @@ async def receiver(
         engine=engine,
         store=object_store,
         publish=publish,
-        provider=LocalProvider(),
+        pool=ProviderPool(LOCAL_ONLY),
         settings=SchedulerSettings(webhook_secret=SecretStr(MASTER), work_dir=tmp_path),
         data_dir=tmp_path,
         webhook_base="http://127.0.0.1:1",
@@ -75,6 +76,13 @@ async def receiver(
         )
         row.status = "queued"
         session.add(row)
+        # The job's current attempt: only its reports are taken.
+        session.add(
+            AttemptRow(
+                id="attempt-1", job_id="ftjob-w", provider="local", ref="", work_dir="",
+                state="running",
+            )
+        )  # fmt: skip
         session.commit()
     return ReportReceiver(scheduler, nonces=MemoryNonceStore(), tolerance_s=300)
 
@@ -153,20 +161,60 @@ async def test_checkpoints_and_completion_become_events_with_the_last_checkpoint
         assert [(c.step_number, c.metrics.train_loss) for c in listed] == [(20, 0.05), (10, 0.1)]
 
 
-async def test_a_failure_report_fails_the_job_with_its_reason(
+async def test_a_failure_a_new_attempt_would_repeat_fails_the_job_with_its_reason(
     receiver: ReportReceiver, published: list[Event], engine: Engine
 ) -> None:
     headers, body = _signed(
-        FailedReport(seq=3, reason="nan_loss", message="loss is NaN at step 3", **COMMON)
+        FailedReport(seq=3, reason="bad_dataset", message="row 3: no messages", **COMMON)
     )
     await receiver.receive("ftjob-w", headers, body)
     (failed,) = [e for e in published if isinstance(e, JobFailed)]
-    assert failed.reason == "nan_loss"
+    assert failed.reason == "bad_dataset"
     with session_scope(engine) as session:
         job = jobs.to_api(jobs.get(session, tenant="acme", job_id="ftjob-w"))
     assert job.status == "failed"
     assert job.error is not None
-    assert (job.error.code, job.error.message) == ("nan_loss", "loss is NaN at step 3")
+    assert (job.error.code, job.error.message) == ("bad_dataset", "row 3: no messages")
+
+
+async def test_any_other_failure_is_the_attempts_and_leaves_the_job_to_go_on(
+    receiver: ReportReceiver, published: list[Event], engine: Engine
+) -> None:
+    # The poll that sees the trainer exit starts the next attempt (test_attempts.py).
+    headers, body = _signed(
+        FailedReport(seq=3, reason="nan_loss", message="loss is NaN at step 3", **COMMON)
+    )
+    await receiver.receive("ftjob-w", headers, body)
+    assert not [e for e in published if isinstance(e, JobFailed)]
+    with session_scope(engine) as session:
+        assert jobs.get(session, tenant="acme", job_id="ftjob-w").status == "queued"
+        attempt = session.get(AttemptRow, "attempt-1")
+        assert attempt is not None
+        assert (attempt.failure, attempt.reason) == ("nan_loss", "loss is NaN at step 3")
+
+
+async def test_a_report_of_an_attempt_the_job_moved_on_from_is_refused(
+    receiver: ReportReceiver, published: list[Event], engine: Engine
+) -> None:
+    with session_scope(engine) as session:
+        session.add(
+            AttemptRow(
+                id="attempt-2", job_id="ftjob-w", number=2, provider="local", ref="",
+                work_dir="", state="running",
+            )
+        )  # fmt: skip
+        session.commit()
+    stale = CheckpointSavedReport(seq=5, step=30, uri="s3://b/old/step-30", metrics={}, **COMMON)
+    with pytest.raises(JobError) as caught:
+        await receiver.receive("ftjob-w", *_signed(stale))
+    assert caught.value.status == 409
+    assert "attempt_id: attempt-1 is not the current attempt" in str(caught.value)
+    assert published == []
+    with session_scope(engine) as session:
+        listed, _ = jobs.checkpoints(
+            session, job=jobs.get(session, tenant="acme", job_id="ftjob-w"), after=None, limit=5
+        )
+    assert listed == []
 
 
 async def test_forged_stale_replayed_and_malformed_reports_are_refused(
