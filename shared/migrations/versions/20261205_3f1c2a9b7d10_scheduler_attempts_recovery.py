@@ -10,7 +10,6 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-
 revision: str = "3f1c2a9b7d10"
 down_revision: str | Sequence[str] | None = "8b8b7ff6bcb2"
 branch_labels: str | Sequence[str] | None = None
