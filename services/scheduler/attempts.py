@@ -287,7 +287,8 @@ class Attempts:
     def _overdue(self, attempt: AttemptRow, status: Status) -> StopReason | None:
         now = utcnow()
         limit = self.pool.spec(attempt.provider).max_runtime_s
-        if limit is not None:
+        # Only a running one: stopping an attempt still waiting for a machine gains nothing.
+        if limit is not None and status.state == "running":
             age = (now - attempt.started_at).total_seconds()
             if age >= max(limit - self.settings.rollover_lead_s, 0.0):
                 return "rollover"
