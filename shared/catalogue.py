@@ -39,6 +39,10 @@ class CatalogueEntry:
     chat_template: str
     parameters: int
     license: str
+    # The shape the scheduler's memory estimate needs (services/scheduler/memory.py).
+    layers: int
+    hidden_size: int
+    intermediate_size: int
     # Where a deployment without a local copy reads it (an s3:// prefix); None: local only.
     s3_prefix: str | None = None
 
@@ -60,6 +64,9 @@ SMOLLM2_135M_INSTRUCT: Final = CatalogueEntry(
     # Embeddings tied to the output layer count once (as in the converted model's state dict).
     parameters=134_515_008,
     license="Apache-2.0",
+    layers=30,
+    hidden_size=576,
+    intermediate_size=1536,
 )
 
 CATALOGUE: Final[dict[str, CatalogueEntry]] = {e.id: e for e in (SMOLLM2_135M_INSTRUCT,)}

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import uuid
 from collections import Counter
@@ -36,12 +37,14 @@ from typing import Any, Literal
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from services.scheduler import jobs
+from services.scheduler import jobs, memory
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.ladder import ProviderPool, ProviderSpec
+from services.scheduler.memory import training_memory
 from services.scheduler.models import AttemptRow, CheckpointRow, JobRow
 from services.scheduler.protocol import TERMINAL
 from services.scheduler.providers import TRAINER, Handle, LaunchSpec, Status
+from shared import catalogue
 from shared.db import session_scope, utcnow
 from shared.events import Event, JobAssigned, JobRolledOver
 from shared.reports import (
@@ -141,9 +144,12 @@ class Attempts:
         for job in queued:
             if job.id in busy_jobs or per_tenant[job.tenant] >= self.settings.tenant_max_running:
                 continue
-            rung = next((r for r in self.pool.ordered() if per_rung[r.name] < r.capacity), None)
-            if rung is None:
+            room = [r for r in self.pool.ordered() if per_rung[r.name] < r.capacity]
+            if not room:
                 break  # every rung is full: the rest wait their turn
+            rung = next((r for r in room if plan_fits(job, r)), None)
+            if rung is None:
+                continue  # a rung it fits is busy (create refused jobs that fit none)
             placements.append((job.id, rung))
             per_rung[rung.name] += 1
             per_tenant[job.tenant] += 1
@@ -484,6 +490,26 @@ class Attempts:
     def _note(self, job_id: str, message: str) -> None:
         with session_scope(self.engine) as session:
             jobs.add_event(session, job_id, message, level="warning")
+
+
+def plan_fits(job: JobRow, rung: ProviderSpec) -> bool:
+    """Whether the job's plan (rows a micro-batch, row length, method) fits the rung's devices;
+    true when the job's model or plan cannot be sized (a tenant's own model, an older plan)."""
+    entry = catalogue.CATALOGUE.get(job.model)
+    trainer = json.loads(job.plan or b"{}").get("trainer", {})
+    hyper = trainer.get("hyperparameters", {})
+    if entry is None or "micro_batch_size" not in hyper or "max_seq_len" not in hyper:
+        return True
+    estimate = training_memory(
+        entry,
+        method=trainer.get("method", "lora"),
+        precision=memory.device_precision(rung.device),
+        rows=int(hyper["micro_batch_size"]),
+        row_len=int(hyper["max_seq_len"]),
+        devices=rung.device_count,
+        lora_rank=int(trainer.get("lora", {}).get("rank", 16)),
+    )
+    return memory.fits(estimate, rung.device_memory_gib)
 
 
 def _step_of(report: TrainerReport) -> int | None:

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from services.scheduler import datasets, jobs, planning
+from services.scheduler import datasets, jobs, memory, planning
 from services.scheduler.attempts import Attempts
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.jobs import JobError
@@ -92,9 +92,10 @@ class Scheduler:
             catalogue.check_base_model(
                 request.model, tenant=tenant, bucket=self.store.bucket, field="model"
             )
-            catalogue.get_entry(request.model, field="model")
+            entry = catalogue.get_entry(request.model, field="model")
         except catalogue.CatalogueError as exc:
             raise JobError(422, str(exc), param="model") from None
+        self._check_fits(entry)
         job_id = jobs.new_job_id()
         dataset = await datasets.resolve(
             self.http,
@@ -129,6 +130,25 @@ class Scheduler:
                 "training_file",
             )
         return row
+
+    def _check_fits(self, entry: catalogue.CatalogueEntry) -> None:
+        """Refuse (422, with the numbers) a model whose smallest run fits no rung of the ladder."""
+        shortfalls = []
+        for rung in self.pool.ordered():
+            estimate = memory.smallest_run(entry, rung.device, rung.device_count)
+            if memory.fits(estimate, rung.device_memory_gib):
+                return
+            shortfalls.append(
+                f"on {rung.name} ({rung.device}, {rung.device_memory_gib:g} GiB a device) it "
+                f"needs {estimate.describe()}"
+            )
+        raise JobError(
+            422,
+            f"model: {entry.id} fits no provider of the ladder even in its smallest LoRA run "
+            f"(1 row of {min(memory.SMALLEST_ROW, entry.context_length)} tokens): "
+            + "; ".join(shortfalls),
+            param="model",
+        )
 
     async def on_dataset_built(self, event: DatasetBuilt) -> None:
         for job_id in await asyncio.to_thread(self._waiting_for, event.tenant, event.dataset_id):

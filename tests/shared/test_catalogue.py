@@ -35,7 +35,7 @@ def test_every_id_is_slash_free_and_a_bad_one_is_refused() -> None:
     assert all("/" not in model_id and model_id == e.id for model_id, e in CATALOGUE.items())
     for bad in ("HuggingFaceTB/SmolLM2-135M-Instruct", "../x", "", "-x", "a b"):
         with pytest.raises(CatalogueError, match="must match"):
-            CatalogueEntry(bad, "x", "x", 1, "chatml", 1, "MIT")
+            CatalogueEntry(bad, "x", "x", 1, "chatml", 1, "MIT", 1, 8, 16)
 
 
 def test_an_unknown_id_names_the_known_ones() -> None:
