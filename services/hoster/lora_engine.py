@@ -450,15 +450,23 @@ async def stream(
     rust, eos = served.tokenizer._tokenizer, served.tokenizer.eos_token_id
     yield _chunk(completion, {"role": "assistant", "content": ""}, None)
     stopped = False
+    said, kept = "", []  # the text sent so far, and its tokens
     try:
         async for tokens in generate(served, completion):
             stopped = stopped or eos in tokens
+            kept += [t for t in tokens if t != eos]
             text = "".join(decoder.step(rust, t) or "" for t in tokens if t != eos)
             if text:
+                said += text
                 yield _chunk(completion, {"content": text}, None)
     except EngineError as exc:  # the stream has begun: the error travels in it
         yield f"data: {json.dumps({'error': {'message': exc.message, 'code': exc.code}})}\n\n"
         return
+    # The decoder holds back the bytes of a character not yet whole; at the end they are what
+    # the plain answer shows for them (U+FFFD), so the streamed text equals the plain one.
+    whole = served.tokenizer.decode(kept, skip_special_tokens=True)
+    if len(whole) > len(said) and whole.startswith(said):
+        yield _chunk(completion, {"content": whole[len(said) :]}, None)
     yield _chunk(completion, {}, completion.finish_reason(stopped))
     if include_usage:
         usage = {

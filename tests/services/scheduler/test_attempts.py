@@ -47,6 +47,7 @@ from tests.plugins.infra import free_port
 from tests.services.trainer.jobs import REPO_ROOT, tiny_job, tiny_snapshot
 
 MASTER = "test-webhook-master-secret-for-attempts-0123"
+WRAPPED_TRAINER = ("python", "-m", "tests.fakes.trainer_wrapper", "run")
 pytestmark = pytest.mark.slow
 
 
@@ -282,7 +283,7 @@ async def test_a_nan_loss_goes_on_from_the_last_checkpoint_at_half_the_learning_
     async with scheduler_stack(
         engine, object_store, tmp_path, config, ladder=local_ladder(("local", 1, None)),
         port=free_port(),
-        command=("python", "-m", "tests.fakes.nan_trainer", "run"),
+        command=WRAPPED_TRAINER,
         env={"TUNELOOP_TEST_NAN_MARKER": str(tmp_path / "nan-injected")},
     ):  # fmt: skip
         queue_job(engine, "ftjob-nan")
@@ -299,20 +300,21 @@ async def test_a_nan_loss_goes_on_from_the_last_checkpoint_at_half_the_learning_
 async def test_a_job_on_a_provider_with_a_20_second_limit_finishes_across_attempts(
     engine: Engine, object_store: ObjectStore, tiny_model_dir: Path, snapshot: Path, tmp_path: Path
 ) -> None:
-    # Rolled over 8 s before the limit: each attempt runs ~12 s, start-up included, and the job
-    # needs more than that.
-    config = tiny_config(tiny_model_dir, snapshot, epochs=24)
+    # Rolled over 8 s before the limit, each attempt runs ~12 s, start-up included; 0.1 s more a
+    # micro-batch (2 a step, 48 steps) makes the job need longer than that on any machine.
+    config = tiny_config(tiny_model_dir, snapshot, epochs=12)
     async with scheduler_stack(
         engine, object_store, tmp_path, config, ladder=local_ladder(("short", 1, 20.0)),
-        port=free_port(), settings={"rollover_lead_s": 8.0},
+        port=free_port(), settings={"rollover_lead_s": 8.0}, command=WRAPPED_TRAINER,
+        env={"TUNELOOP_TEST_STEP_DELAY_S": "0.1"},
     ) as stack:  # fmt: skip
         queue_job(engine, "ftjob-roll")
-        await until(lambda: any(a.completed for a in attempts_of(engine, "ftjob-roll")), 300,
+        await until(lambda: any(a.completed for a in attempts_of(engine, "ftjob-roll")), 280,
                     "the job to finish across attempts")  # fmt: skip
     attempts = attempts_of(engine, "ftjob-roll")
     assert len(attempts) >= 2
     assert all(a.stop_requested == "rollover" for a in attempts[:-1])
-    assert_continuous(attempts, 24 * STEPS_PER_EPOCH)
+    assert_continuous(attempts, 12 * STEPS_PER_EPOCH)
     reasons = {e.reason for e in stack.events if isinstance(e, JobRolledOver)}
     assert reasons == {"time_limit"}
     assert job_row(engine, "ftjob-roll").status == "running"  # none of it counted as failing
