@@ -62,6 +62,7 @@ TrainerConfig = Callable[[JobRow, str, str], dict[str, Any]]
 StopReason = Literal["rollover", "pause", "cancel", "heartbeat"]
 
 LIVE = ("pending", "running")
+_PRIORITY_ORDER = {"urgent": 0, "normal": 1, "batch": 2}
 # Failures the trainer reports that a new attempt would only repeat.
 PERMANENT_FAILURES = frozenset({"bad_config", "bad_dataset"})
 
@@ -130,20 +131,26 @@ class Attempts:
 
     def _placements(self) -> list[tuple[str, ProviderSpec]]:
         with session_scope(self.engine) as session:
-            queued = session.exec(
-                select(JobRow)
-                .where(JobRow.status == "queued", col(JobRow.plan).is_not(None))
-                .order_by(col(JobRow.created_at), col(JobRow.id))
-            ).all()
+            queued = sorted(
+                session.exec(
+                    select(JobRow)
+                    .where(JobRow.status == "queued", col(JobRow.plan).is_not(None))
+                    .order_by(col(JobRow.created_at), col(JobRow.id))
+                ).all(),
+                key=lambda row: _PRIORITY_ORDER.get(row.priority, 1),  # stable: FIFO within
+            )
             live = session.exec(select(AttemptRow).where(col(AttemptRow.state).in_(LIVE))).all()
             tenants = {row.id: row.tenant for row in queued}
             busy_jobs = {attempt.job_id for attempt in live}
             per_rung = Counter(attempt.provider for attempt in live)
             per_tenant = Counter(self._tenant_of(session, a.job_id, tenants) for a in live)
         placements = []
+        batch_may_start = self.settings.in_batch_window(utcnow().hour)
         for job in queued:
             if job.id in busy_jobs or per_tenant[job.tenant] >= self.settings.tenant_max_running:
                 continue
+            if job.priority == "batch" and not batch_may_start:
+                continue  # held to the batch window
             room = [r for r in self.pool.ordered() if per_rung[r.name] < r.capacity]
             if not room:
                 break  # every rung is full: the rest wait their turn

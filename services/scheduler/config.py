@@ -53,6 +53,14 @@ class SchedulerSettings(BaseSettings):
     heartbeat_timeout_s: float = Field(default=900.0, gt=0)
     # Jobs of one tenant running at once; the rest wait queued, first come first served.
     tenant_max_running: int = Field(default=2, ge=1)
+    # When `batch` jobs may start, UTC hours "start-end" (e.g. "22-6": overnight); None: any time.
+    batch_window: str | None = Field(default=None, pattern=r"^([01]?\d|2[0-3])-([01]?\d|2[0-4])$")
+
+    def in_batch_window(self, hour: int) -> bool:
+        if self.batch_window is None:
+            return True
+        start, end = (int(part) for part in self.batch_window.split("-"))
+        return start <= hour < end if start <= end else hour >= start or hour < end
 
     @classmethod
     def load(cls, app: AppSettings) -> SchedulerSettings:

@@ -80,6 +80,7 @@ def create(
         seed=request.seed if request.seed is not None else uuid.uuid4().int % 2**31,
         auto_deploy=request.auto_deploy,
         max_duration_s=request.max_duration_s,
+        priority=request.priority,
         request=dumps(request.model_dump(mode="json", exclude_none=True)),
     )
     session.add(row)
@@ -264,6 +265,7 @@ def to_api(row: JobRow) -> Job:
         suffix=row.suffix,
         max_duration_s=row.max_duration_s,
         auto_deploy=row.auto_deploy,
+        priority=row.priority,
         decisions=[DecisionOut(**d) for d in plan.get("decisions", [])],
         base_score=row.base_score,
         best_step=row.best_step,

@@ -29,6 +29,8 @@ class JobRow(SQLModel, table=True):
     seed: int = 0
     auto_deploy: bool = False
     max_duration_s: float | None = None
+    # urgent | normal | batch: the order jobs are placed in (attempts.py).
+    priority: str = Field(default="normal", max_length=8)
     fine_tuned_model: str | None = Field(default=None, max_length=256)
     trained_tokens: int | None = None
     base_score: float | None = None

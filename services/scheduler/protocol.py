@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Auto = Literal["auto"]
+Priority = Literal["urgent", "normal", "batch"]
 JobStatus = Literal[
     "validating_files", "queued", "running", "paused", "succeeded", "failed", "cancelled"
 ]
@@ -76,6 +77,11 @@ class JobCreate(_Request):
     auto_deploy: bool = Field(
         default=False, description="tuneloop: deploy the registered version if it passes the gate"
     )
+    priority: Priority = Field(
+        default="normal",
+        description="tuneloop: urgent jobs are placed before normal ones, batch jobs last and "
+        "only inside the scheduler's batch window",
+    )
 
     @model_validator(mode="after")
     def _one_place_for_hyperparameters(self) -> JobCreate:
@@ -136,6 +142,7 @@ class Job(BaseModel):
     # tuneloop's own.
     max_duration_s: float | None = None
     auto_deploy: bool = False
+    priority: Priority = "normal"
     decisions: list[DecisionOut] = Field(default_factory=list)
     base_score: float | None = None
     best_step: int | None = None

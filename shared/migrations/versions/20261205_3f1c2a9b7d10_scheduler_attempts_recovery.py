@@ -1,4 +1,4 @@
-"""scheduler attempts: number, resume point, steps, last report, stop request, failure
+"""scheduler attempts: number, resume point, steps, last report, stop request, failure; job priority
 
 Revision ID: 3f1c2a9b7d10
 Revises: 8b8b7ff6bcb2
@@ -22,6 +22,10 @@ _COLUMNS = (
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("scheduler_jobs", schema=None) as batch_op:
+        batch_op.add_column(
+            sa.Column("priority", sa.String(length=8), nullable=False, server_default="normal")
+        )
     with op.batch_alter_table("scheduler_attempts", schema=None) as batch_op:
         batch_op.add_column(sa.Column("number", sa.Integer(), nullable=False, server_default="1"))
         batch_op.add_column(sa.Column("resume_from", sa.String(length=1024), nullable=True))
@@ -36,6 +40,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("scheduler_jobs", schema=None) as batch_op:
+        batch_op.drop_column("priority")
     with op.batch_alter_table("scheduler_attempts", schema=None) as batch_op:
         for name in reversed(_COLUMNS):
             batch_op.drop_column(name)

@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from services.scheduler.jobs import JobError
 from services.scheduler.ladder import Ladder, ProviderPool, ProviderSpec
 from services.scheduler.lifecycle import Scheduler
 from services.scheduler.models import AttemptRow, CheckpointRow, JobRow
-from services.scheduler.protocol import JobCreate
+from services.scheduler.protocol import JobCreate, Priority
 from services.scheduler.webhooks import ReportReceiver
 from shared.db import make_engine, session_scope
 from shared.events import Event, JobRolledOver
@@ -182,13 +183,17 @@ def tiny_config(
     return config
 
 
-def queue_job(engine: Engine, job_id: str, tenant: str = "acme") -> None:
+def queue_job(
+    engine: Engine, job_id: str, tenant: str = "acme", priority: Priority = "normal"
+) -> None:
     with session_scope(engine) as session:
         row = jobs.create(
             session,
             job_id=job_id,
             tenant=tenant,
-            request=JobCreate(model="SmolLM2-135M-Instruct", training_file="ds_1"),
+            request=JobCreate(
+                model="SmolLM2-135M-Instruct", training_file="ds_1", priority=priority
+            ),
             dataset_id="ds_1",
         )
         row.status, row.plan = "queued", b"{}"
@@ -422,3 +427,35 @@ async def test_jobs_go_to_the_first_rung_with_room_and_a_tenants_beyond_its_cap_
 
 def test_the_trainer_wrapper_is_only_for_tests() -> None:
     assert "TUNELOOP_TEST_NAN_MARKER" not in os.environ
+
+
+async def test_urgent_jobs_go_first_and_batch_jobs_wait_for_their_window(
+    engine: Engine, object_store: ObjectStore, tmp_path: Path
+) -> None:
+    sleeper = (sys.executable, "-c", "import time; time.sleep(60)")
+    hour = datetime.now(UTC).hour
+    closed = f"{(hour + 1) % 24}-{(hour + 2) % 24}"  # a window that is not now
+    # Queued before the scheduler starts: its first pass sees all three.
+    for job_id, priority in [("ftjob-n", "normal"), ("ftjob-b", "batch"), ("ftjob-u", "urgent")]:
+        queue_job(engine, job_id, priority=priority)  # type: ignore[arg-type]
+        await asyncio.sleep(0.01)
+    async with scheduler_stack(
+        engine, object_store, tmp_path, lambda *_: {"hyperparameters": {}},
+        ladder=local_ladder(("one", 1, None)), port=free_port(), command=sleeper,
+        settings={"batch_window": closed, "tenant_max_running": 5},
+    ) as stack:  # fmt: skip
+
+        def running() -> list[str]:
+            return [j for j in ("ftjob-n", "ftjob-b", "ftjob-u")
+                    if any(a.state in ("pending", "running") for a in attempts_of(engine, j))]  # fmt: skip
+
+        await until(lambda: running() == ["ftjob-u"], 30, "the urgent job first")
+        await stack.scheduler.cancel(tenant="acme", job_id="ftjob-u")
+        await until(lambda: running() == ["ftjob-n"], 30, "then the normal one")
+        await stack.scheduler.cancel(tenant="acme", job_id="ftjob-n")
+        await asyncio.sleep(1.5)  # polls pass: the batch job waits for its window
+        assert running() == []
+        assert job_row(engine, "ftjob-b").status == "queued"
+        stack.scheduler.settings.batch_window = f"{hour}-{(hour + 1) % 24 or 24}"
+        await until(lambda: running() == ["ftjob-b"], 30, "the batch job in its window")
+        await stack.scheduler.cancel(tenant="acme", job_id="ftjob-b")

@@ -61,3 +61,11 @@ def test_development_takes_the_default_webhook_secret(monkeypatch: pytest.Monkey
     own = SchedulerSettings.load(AppSettings(env="development"))
 
     assert own.webhook_secret.get_secret_value() == "tuneloop-dev-webhook"
+
+
+def test_the_batch_window_may_wrap_past_midnight() -> None:
+    overnight = SchedulerSettings(batch_window="22-6")
+    assert [h for h in range(24) if overnight.in_batch_window(h)] == [0, 1, 2, 3, 4, 5, 22, 23]
+    assert SchedulerSettings(batch_window="9-17").in_batch_window(16)
+    assert not SchedulerSettings(batch_window="9-17").in_batch_window(17)
+    assert SchedulerSettings().in_batch_window(3)  # no window: any time
