@@ -6,14 +6,22 @@ the trainer alone (signed reports), is never relayed, and is left out of the Ope
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 from sqlalchemy.engine import Engine
 
-from services.scheduler import jobs
+from services.scheduler import jobs, usage
 from services.scheduler.lifecycle import Scheduler
-from services.scheduler.protocol import CheckpointList, Job, JobCreate, JobEventList, JobList
+from services.scheduler.protocol import (
+    CheckpointList,
+    Job,
+    JobCreate,
+    JobEventList,
+    JobList,
+    Usage,
+)
 from services.scheduler.webhooks import ReportReceiver
 from shared import auth
 from shared.db import get_engine, session_scope
@@ -128,6 +136,19 @@ def job_checkpoints(
             first_id=data[0].id if data else None,
             last_id=data[-1].id if data else None,
         )
+
+
+@router.get("/usage", response_model=Usage, summary="Training used, per provider")
+async def training_usage(
+    principal: Reader,
+    engine: EngineDep,
+    scheduler: SchedulerDep,
+    since: Annotated[datetime | None, Query(description="attempts started at or after")] = None,
+) -> Usage:
+    """The caller's attempts per provider: how many, device-hours and cost at the ladder's
+    prices (an attempt still running counts up to now)."""
+    with session_scope(engine) as session:
+        return usage.usage(session, scheduler.pool, tenant=principal.tenant_id, since=since)
 
 
 @internal.post("/trainer/{job_id}/reports", status_code=status.HTTP_204_NO_CONTENT)

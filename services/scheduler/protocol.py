@@ -8,6 +8,7 @@ document. Objects carry OpenAI's fields and add `decisions`, `base_score`, `best
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -194,6 +195,24 @@ class CheckpointList(BaseModel):
     has_more: bool
     first_id: str | None = None
     last_id: str | None = None
+
+
+class UsageLine(BaseModel):
+    provider: str
+    device: str | None
+    attempts: int
+    device_hours: float
+    cost: float
+    # False: the rung is no longer in the ladder, so its price is unknown (counted as 0).
+    priced: bool = True
+
+
+class Usage(BaseModel):
+    object: Literal["fine_tuning.usage"] = "fine_tuning.usage"
+    since: datetime | None
+    data: list[UsageLine]
+    device_hours: float
+    cost: float
 
 
 def fine_tuned_name(base: str, suffix: str | None, job_id: str) -> str:
