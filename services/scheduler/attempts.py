@@ -270,7 +270,7 @@ class Attempts:
 
     async def check(self) -> None:
         """Poll the live attempts; act on the ended ones; place what waits."""
-        for attempt in await asyncio.to_thread(self._live):
+        for attempt in await asyncio.to_thread(self.live_attempts):
             handle = Handle(attempt.provider, attempt.ref, attempt.work_dir)
             if attempt.provider not in self.pool:
                 continue  # a rung removed from the ladder: its attempts are left to end alone
@@ -280,12 +280,6 @@ class Attempts:
             else:
                 await self._ended(attempt, status)
         await self.assign()
-
-    def _live(self) -> list[AttemptRow]:
-        with session_scope(self.engine) as session:
-            return list(
-                session.exec(select(AttemptRow).where(col(AttemptRow.state).in_(LIVE))).all()
-            )
 
     async def _watch(self, attempt: AttemptRow, status: Status) -> None:
         if status.state != attempt.state:
@@ -449,15 +443,13 @@ class Attempts:
             .order_by(col(AttemptRow.number).desc())
         ).first()
 
-    def live_attempts(self, job_id: str) -> list[AttemptRow]:
+    def live_attempts(self, job_id: str | None = None) -> list[AttemptRow]:
+        """The attempts still pending or running, of one job or of all."""
+        query = select(AttemptRow).where(col(AttemptRow.state).in_(LIVE))
+        if job_id is not None:
+            query = query.where(AttemptRow.job_id == job_id)
         with session_scope(self.engine) as session:
-            return list(
-                session.exec(
-                    select(AttemptRow).where(
-                        AttemptRow.job_id == job_id, col(AttemptRow.state).in_(LIVE)
-                    )
-                ).all()
-            )
+            return list(session.exec(query).all())
 
     async def cancel(self, job_id: str) -> None:
         """Stop the job's live attempts and wait for them (cancel, with the grace period)."""

@@ -12,7 +12,6 @@ grace runs out.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import copy
 import itertools
@@ -25,12 +24,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from tests.fakes.serving import ServedInThread
 from tests.plugins.infra import free_port
 
 Object = dict[str, Any]
@@ -523,24 +522,11 @@ class RunningKubernetes:
 
     def __init__(self) -> None:
         self.fake = FakeKubernetes(port=free_port())
-        config = uvicorn.Config(
-            self.fake.app(),
-            host="127.0.0.1",
-            port=self.fake.port,
-            log_level="warning",
-            lifespan="off",
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()), daemon=True)
+        self.served = ServedInThread(self.fake.app(), self.fake.port, "fake Kubernetes API")
 
     def __enter__(self) -> FakeKubernetes:
-        self.thread.start()
-        for _ in range(200):
-            if self.server.started:
-                return self.fake
-            threading.Event().wait(0.02)
-        raise RuntimeError("fake Kubernetes API did not start")
+        self.served.start()
+        return self.fake
 
     def __exit__(self, *_: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(5)
+        self.served.stop()

@@ -8,21 +8,19 @@ every request it received for assertions.
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import json
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from shared.settings import Settings
+from tests.fakes.serving import ServedInThread
 from tests.plugins.infra import free_port, settings_env
 
 UPSTREAM_KEYS = {
@@ -405,27 +403,14 @@ class RunningUpstream:
 
     def __init__(self) -> None:
         self.fake = FakeUpstream(port=free_port())
-        config = uvicorn.Config(
-            self.fake.app(),
-            host="127.0.0.1",
-            port=self.fake.port,
-            log_level="warning",
-            lifespan="off",
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()), daemon=True)
+        self.served = ServedInThread(self.fake.app(), self.fake.port, "fake upstream")
 
     def __enter__(self) -> FakeUpstream:
-        self.thread.start()
-        for _ in range(200):
-            if self.server.started:
-                return self.fake
-            threading.Event().wait(0.02)
-        raise RuntimeError("fake upstream did not start")
+        self.served.start()
+        return self.fake
 
     def __exit__(self, *_: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(5)
+        self.served.stop()
 
 
 def upstreams_yaml(base_url: str) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
 import signal
 import sys
 import time
@@ -423,10 +422,6 @@ async def test_jobs_go_to_the_first_rung_with_room_and_a_tenants_beyond_its_cap_
     assert all(not psutil.pid_exists(int(a.ref.partition(":")[0])) or
                psutil.Process(int(a.ref.partition(":")[0])).status() == psutil.STATUS_ZOMBIE
                for n in range(4) for a in attempts_of(engine, f"ftjob-{n}"))  # fmt: skip
-
-
-def test_the_trainer_wrapper_is_only_for_tests() -> None:
-    assert "TUNELOOP_TEST_NAN_MARKER" not in os.environ
 
 
 async def test_urgent_jobs_go_first_and_batch_jobs_wait_for_their_window(
