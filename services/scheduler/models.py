@@ -29,6 +29,8 @@ class JobRow(SQLModel, table=True):
     seed: int = 0
     auto_deploy: bool = False
     max_duration_s: float | None = None
+    # The most the job's attempts may cost (USD at the ladder's prices); reached, it stops.
+    max_cost: float | None = None
     # urgent | normal | batch: the order jobs are placed in (attempts.py).
     priority: str = Field(default="normal", max_length=8)
     fine_tuned_model: str | None = Field(default=None, max_length=256)
@@ -108,3 +110,22 @@ class AttemptRow(SQLModel, table=True):
     # The failure the trainer reported (nan_loss, oom, error, ...), and whether it finished.
     failure: str | None = Field(default=None, max_length=32)
     completed: bool = False
+    # What it ran on and at what price, kept with it: the ladder may change later.
+    device: str | None = Field(default=None, max_length=64)
+    device_count: int | None = None
+    cost_per_hour: float | None = None
+    # The job's trained tokens (non-pad, every step so far) when it started and at its last
+    # report: the attempt trained the difference.
+    tokens_start: int | None = Field(default=None, sa_type=sa.BigInteger)
+    tokens_last: int | None = Field(default=None, sa_type=sa.BigInteger)
+
+
+class TenantBudgetRow(SQLModel, table=True):
+    """A tenant's own monthly cap on training cost (its admin sets it); the platform's cap
+    (TUNELOOP_SCHEDULER_TENANT_MONTHLY_CAP) applies above it."""
+
+    __tablename__ = "scheduler_tenant_budgets"
+
+    tenant: str = Field(primary_key=True, max_length=63)
+    monthly_cost_cap: float | None = None
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
