@@ -49,6 +49,15 @@ class _Report(BaseModel):
     occurred_at: AwareDatetime = Field(default_factory=_now)
 
 
+class SkippedCheckpoint(BaseModel):
+    """A checkpoint the trainer tried to resume from and could not use, and why."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    uri: str = Field(min_length=1)
+    error: str = Field(description="e.g. a file's sha256 differs from the manifest's")
+
+
 class StartedReport(_Report):
     """The attempt set up its model and data and is about to take its first (or resumed) step."""
 
@@ -56,6 +65,12 @@ class StartedReport(_Report):
     world_size: int = Field(ge=1)
     total_steps: int | None = Field(default=None, ge=0)
     resumed_from: str | None = None
+    # The checkpoints tried before `resumed_from` and skipped (missing, uncommitted, failing
+    # their sha256 check), in the order tried. Left out of the body when empty, so a receiver
+    # of an older release (which forbids unknown fields) still takes the usual report.
+    resume_skipped: list[SkippedCheckpoint] = Field(
+        default_factory=list, exclude_if=lambda skipped: not skipped
+    )
     device: str = Field(min_length=1, description="e.g. cpu, cuda:0 (NVIDIA H100 80GB)")
     method: Method
 

@@ -1,8 +1,10 @@
 """`python -m services.trainer run --config job.json [--set key=value ...] [--resume-from URI|latest]`
+and `[--resume-fallback URI ...]`: checkpoints tried in turn when the one before cannot be used.
 
 Exit status: 0 when training completed, or stopped by SIGTERM/SIGINT after saving a checkpoint;
-2 bad config (the message names the field), 3 bad dataset, 4 NaN/inf loss, 5 out of memory,
-6 the stop request could not checkpoint within `checkpoints.sigterm_grace_s`, 1 anything else.
+2 bad config (the message names the field; also: no checkpoint to resume from verifies), 3 bad
+dataset, 4 NaN/inf loss, 5 out of memory, 6 the stop request could not checkpoint within
+`checkpoints.sigterm_grace_s`, 1 anything else.
 The same command runs under `torchrun --nproc-per-node N` (one process per device).
 """
 
@@ -21,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-from services.trainer.config import ConfigError, JobConfig, load_config
+from services.trainer.config import ConfigError, JobConfig, load_config, with_resume
 from services.trainer.loop import TrainingFailed, run_training
 from services.trainer.progress import StepMetrics
 from shared.logs import configure_logging
@@ -60,6 +62,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--resume-from", help="a checkpoint URI/path, or 'latest' under output.prefix")
     run.add_argument(
+        "--resume-fallback",
+        dest="resume_fallbacks",
+        action="append",
+        default=[],
+        metavar="URI",
+        help="a checkpoint to resume from when --resume-from's fails its check or is missing "
+        "(repeatable, tried in order; the first that verifies is used)",
+    )
+    run.add_argument(
         "--work-dir",
         help="scratch space for downloads and checkpoint staging (default: a temp dir, removed)",
     )
@@ -80,12 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         config = load_config(args.config, args.overrides)
+        config = with_resume(config, args.resume_from, args.resume_fallbacks)
     except ConfigError as exc:
         log.error("%s", exc)
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    if args.resume_from:
-        config = config.model_copy(update={"resume_from": args.resume_from})
     show_progress = args.progress == "on" or (args.progress == "auto" and interactive)
     with _work_dir(args.work_dir) as work_dir, _stop_on_signals(config) as stop:
         return _run(config, work_dir, stop, show_progress)

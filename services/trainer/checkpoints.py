@@ -384,11 +384,13 @@ class CheckpointStore:
         values = {name: v for name, v in metrics.items() if isinstance(v, int | float)}
         return CheckpointInfo(step=step, uri=uri, metrics={k: float(v) for k, v in values.items()})
 
-    def _iter_committed(self, *, newest_first: bool) -> Iterator[CheckpointInfo]:
+    def _step_uris(self, *, newest_first: bool) -> list[str]:
         names = [n for n in self._backend.children() if STEP_DIR.match(n)]
         names.sort(key=lambda n: int(n.split("-", 1)[1]), reverse=newest_first)
-        for name in names:
-            uri = self._backend.child(name)
+        return [self._backend.child(name) for name in names]
+
+    def _iter_committed(self, *, newest_first: bool) -> Iterator[CheckpointInfo]:
+        for uri in self._step_uris(newest_first=newest_first):
             try:
                 yield self._info(uri)
             except UncommittedCheckpoint:
@@ -403,6 +405,21 @@ class CheckpointStore:
     def latest(self) -> str | None:
         """The newest committed checkpoint (by step); uncommitted or corrupt ones are skipped."""
         return next((info.uri for info in self._iter_committed(newest_first=True)), None)
+
+    def newest_first(self) -> list[str]:
+        """What `latest` may resume from, in order: every checkpoint whose commit marker is there,
+        newest step first. Unlike `committed()` this keeps one whose manifest does not match its
+        marker: fetching it says why it cannot be used, and a resume reports that it skipped it."""
+        found = []
+        for uri in self._step_uris(newest_first=True):
+            try:
+                self._backend.manifest(uri)
+            except UncommittedCheckpoint:
+                continue  # a killed commit: never a checkpoint
+            except CheckpointError:
+                pass
+            found.append(uri)
+        return found
 
     def _best_of(self, committed: list[CheckpointInfo]) -> CheckpointInfo | None:
         metric = self.policy.best_metric

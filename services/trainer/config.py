@@ -11,9 +11,19 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from shared.chat import describe_errors
 from shared.tenancy import TenantId
@@ -120,13 +130,24 @@ class JobConfig(_Strict):
     output: OutputSettings
     runtime: RuntimeSettings = RuntimeSettings()
     webhook: WebhookSettings | None = None
-    # A checkpoint URI/path, or "latest": the newest committed checkpoint under output.prefix.
+    # A checkpoint URI/path, or "latest": the newest committed checkpoint under output.prefix,
+    # then the older ones there, newest first.
     resume_from: str | None = None
+    # Tried in order when resume_from cannot be used (missing, uncommitted, a file failing its
+    # sha256 check): the run resumes from the first that verifies (resume.py).
+    resume_fallbacks: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     # How more than one process (torchrun / accelerate launch) shares the model: "ddp" (a whole
     # replica per rank) or "fsdp" (FSDP2: parameters, gradients and optimizer state sharded
     # across ranks). No-op in one process. Not in fingerprint(): it does not change the curve,
     # and a checkpoint written under one resumes under the other.
     parallelism: Literal["ddp", "fsdp"] = "ddp"
+
+    @field_validator("resume_fallbacks")
+    @classmethod
+    def _fallbacks_need_resume_from(cls, fallbacks: list[str], info: ValidationInfo) -> list[str]:
+        if fallbacks and not info.data.get("resume_from"):
+            raise PydanticCustomError("fallback", "tried only after resume_from, which is not set")
+        return fallbacks
 
     def fingerprint(self) -> str:
         """Hash of what decides the training curve; a checkpoint from another config is refused."""
@@ -170,6 +191,22 @@ def parse_config(document: dict[str, Any], overrides: list[str] | None = None) -
         apply_override(document, assignment)
     try:
         return JobConfig.model_validate(document)
+    except ValidationError as exc:
+        raise ConfigError("invalid job config: " + "; ".join(describe_errors(exc))) from None
+
+
+def with_resume(config: JobConfig, resume_from: str | None, fallbacks: list[str]) -> JobConfig:
+    """The config with the CLI's `--resume-from` and `--resume-fallback`s, which replace the
+    config's own when given."""
+    update: dict[str, Any] = {}
+    if resume_from:
+        update["resume_from"] = resume_from
+    if fallbacks:
+        update["resume_fallbacks"] = fallbacks
+    if not update:
+        return config
+    try:
+        return JobConfig.model_validate({**dict(config), **update})
     except ValidationError as exc:
         raise ConfigError("invalid job config: " + "; ".join(describe_errors(exc))) from None
 

@@ -40,7 +40,6 @@ from services.trainer.checkpoints import (
     STATE_FILE,
     CheckpointError,
     CheckpointStore,
-    NoCheckpoint,
     load_model_weights,
     load_training_state,
     rescale_learning_rate,
@@ -72,7 +71,8 @@ from services.trainer.model_setup import (
 from services.trainer.packing import token_loss
 from services.trainer.progress import ReportSender, StepClock, StepMetrics
 from services.trainer.rendering import IGNORE_INDEX
-from shared.reports import FailureReason
+from services.trainer.resume import ResumePoint, fetch_first_usable
+from shared.reports import FailureReason, SkippedCheckpoint
 from shared.settings import S3Settings
 from shared.storage import ObjectStore
 
@@ -104,6 +104,8 @@ class RunResult:
     last_checkpoint_uri: str | None = None
     resumed_from: str | None = None
     data_stats: dict[str, Any] = field(default_factory=dict)
+    # Checkpoints tried before `resumed_from` that could not be used, and why.
+    resume_skipped: list[SkippedCheckpoint] = field(default_factory=list)
 
 
 OnStep = Callable[[StepMetrics], None]
@@ -153,13 +155,14 @@ class _Run:
         self.history: list[dict[str, Any]] = []
         self.last_checkpoint: str | None = None
         self.resumed_from: str | None = None
+        self.resume_skipped: list[SkippedCheckpoint] = []
 
     # -- set-up ---------------------------------------------------------------------------------
     def _setup_inputs(self) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         base = base_model_location(self.config.base_model)  # a catalogue id's prepared dir
         locations = [base, self.config.dataset, self.config.output.prefix]
-        locations += [self.config.resume_from or ""]
+        locations += [self.config.resume_from or "", *self.config.resume_fallbacks]
         self.store = ObjectStore.from_settings(S3Settings()) if any(map(is_s3, locations)) else None
         self.model_dir = fetch_dir(base, self.work_dir / "base", self.store, field="base_model")
         check_model_dir(self.model_dir, self.config.base_model)
@@ -213,20 +216,26 @@ class _Run:
         return self._restore(*resume) if resume is not None else DataPosition(0, 0)
 
     def _fetch_resume(self, resume_from: str) -> tuple[str, Path] | None:
-        """The checkpoint to resume from (rank 0 resolves, every rank fetches its own copy)."""
-        try:
-            uri = self.checkpoints.resolve(resume_from) if self.ctx.is_main else None
-        except NoCheckpoint:
-            if resume_from != "latest":
-                raise
-            uri = None
-            log.warning("resume_from=latest: no committed checkpoint yet, starting from step 0")
-        uri = dist_utils.broadcast_object(uri, self.ctx)
-        if uri is None:
+        """The checkpoint to resume from: rank 0 tries resume_from and its fallbacks in turn
+        (resume.py) and tells the others which one verified; each of them fetches its own copy."""
+        local = self.work_dir / "resume"
+        outcome: ResumePoint | CheckpointError | None = None
+        if self.ctx.is_main:
+            fallbacks = self.config.resume_fallbacks
+            try:
+                outcome = fetch_first_usable(self.checkpoints, resume_from, fallbacks, local)
+            except CheckpointError as exc:
+                outcome = exc  # raised on every rank: none is left waiting for rank 0
+        outcome = dist_utils.broadcast_object(outcome, self.ctx)
+        if isinstance(outcome, CheckpointError):
+            raise outcome
+        self.resume_skipped = list(outcome.skipped)
+        if outcome.uri is None:
             return None
-        local = self.checkpoints.fetch(uri, self.work_dir / "resume")
-        _check_compatible(local, uri, self.config.fingerprint(), self.ctx.world_size)
-        return uri, local
+        if not self.ctx.is_main:
+            self.checkpoints.fetch(outcome.uri, local)
+        _check_compatible(local, outcome.uri, self.config.fingerprint(), self.ctx.world_size)
+        return outcome.uri, local
 
     def _restore(self, uri: str, local: Path) -> DataPosition:
         """Optimizer, schedule, RNG and history of a fetched checkpoint; its data position."""
@@ -251,7 +260,12 @@ class _Run:
             self._setup_data()
             self._setup_model()
             start = self._setup_checkpoints()
-            self.reports.started(self.ctx, self.data.total_steps, self.resumed_from)
+            self.reports.started(
+                self.ctx,
+                self.data.total_steps,
+                self.resumed_from,
+                resume_skipped=self.resume_skipped,
+            )
             return self._train(start)
         except Exception as exc:
             failure = _classify(exc, self.last_checkpoint)
@@ -441,6 +455,7 @@ class _Run:
             last_checkpoint_uri=self.last_checkpoint,
             resumed_from=self.resumed_from,
             data_stats=getattr(self, "data_stats", {}),
+            resume_skipped=list(self.resume_skipped),
         )
 
     def close(self) -> None:

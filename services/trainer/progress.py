@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,7 @@ from services.trainer.artifacts import FinalArtifacts
 from services.trainer.config import JobConfig
 from services.trainer.distributed import DistContext
 from services.trainer.reporter import Reporter, ReportStamper, make_reporter
-from shared.reports import FailureReason
+from shared.reports import FailureReason, SkippedCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +70,20 @@ class ReportSender:
         except Exception:  # a report that cannot be built must not stop training
             log.exception("report not sent")
 
-    def started(self, ctx: DistContext, total_steps: int, resumed_from: str | None) -> None:
+    def started(
+        self,
+        ctx: DistContext,
+        total_steps: int,
+        resumed_from: str | None,
+        *,
+        resume_skipped: Sequence[SkippedCheckpoint] = (),
+    ) -> None:
         self._send(
             lambda: self.stamp.started(
                 world_size=ctx.world_size,
                 total_steps=total_steps,
                 resumed_from=resumed_from,
+                resume_skipped=list(resume_skipped),
                 device=_describe_device(ctx.device),
                 method=self.config.method,
             )

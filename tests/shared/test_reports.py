@@ -23,6 +23,7 @@ from shared.reports import (
     FailedReport,
     ProgressReport,
     ReportError,
+    SkippedCheckpoint,
     StartedReport,
     TrainerReport,
     parse_report,
@@ -140,3 +141,23 @@ def test_a_completed_report_without_the_new_fields_still_parses() -> None:
     parsed = parse_report(json.dumps(body))
     assert isinstance(parsed, CompletedReport)
     assert (parsed.last_checkpoint_uri, parsed.trained_tokens) == (None, None)
+
+
+def test_a_started_report_names_the_checkpoints_it_skipped_if_any() -> None:
+    skipped = SkippedCheckpoint(
+        uri="s3://b/run/checkpoints/step-00000040", error="adapter_model.safetensors: sha256 ..."
+    )
+    report = StartedReport(
+        **COMMON,
+        world_size=1,
+        resumed_from="s3://b/run/checkpoints/step-00000030",
+        resume_skipped=[skipped],
+        device="cpu",
+        method="lora",
+    )
+    parsed = parse_report(report.model_dump_json())
+    assert isinstance(parsed, StartedReport)
+    assert parsed.resume_skipped == [skipped]
+
+    # None skipped: the body is what a receiver of an older release (no such field) takes.
+    assert "resume_skipped" not in json.loads(REPORTS[0].model_dump_json())

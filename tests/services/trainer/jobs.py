@@ -166,6 +166,14 @@ def start_trainer(
         )
 
 
+def flip_bytes(path: Path) -> None:
+    """Damage a file as a bad disk or a torn upload does: the same size, other bytes."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 8] = bytes(b ^ 0xFF for b in data[middle : middle + 8])
+    path.write_bytes(bytes(data))
+
+
 def final_history(artifact_dir: Path) -> list[float]:
     """The per-step losses the final artifact's trainer_state.json records."""
     state = json.loads((artifact_dir / "trainer_state.json").read_text())

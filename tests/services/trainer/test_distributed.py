@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from services.trainer.model_setup import build_model, lora_config
 from tests.services.trainer.jobs import (
     REPO_ROOT,
     child_env,
+    flip_bytes,
     tiny_job,
     tiny_snapshot,
     webhook_receiver,
@@ -97,7 +99,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _launch(launcher: str, job: Path, work_dir: Path) -> str:
+def _launch(launcher: str, job: Path, work_dir: Path, *, exit_code: int = 0) -> str:
     """`python -m services.trainer run` in 2 processes, by torchrun or `accelerate launch`."""
     if launcher == "torchrun":
         prefix = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
@@ -126,7 +128,9 @@ def _launch(launcher: str, job: Path, work_dir: Path) -> str:
             f"{launcher} did not finish in 240 s:\n{stdout.decode(errors='replace')[-4000:]}"
         )
     output = stdout.decode(errors="replace")
-    assert launched.returncode == 0, output[-4000:]
+    assert launched.returncode == exit_code, output[-4000:]
+    if exit_code:
+        return output
     # Each rank logs how it wraps the model: proof the sharded path ran (or did not).
     sharded = output.count("model sharded with FSDP2: 2 blocks + root over 2 ranks")
     assert sharded == (2 if json.loads(job.read_text()).get("parallelism") == "fsdp" else 0)
@@ -237,6 +241,32 @@ def test_ddp_resumes_an_fsdp_checkpoint_on_the_same_curve(
     _assert_same_steps(state["history"], single.history)
     adapter = "final/adapter_model.safetensors"
     _assert_same_tensors(tmp_path / "ddp" / adapter, single_out / adapter)
+
+
+def test_two_ranks_resume_together_from_the_newest_checkpoint_rank_0_verified(
+    single_lora: tuple[RunResult, Path], fsdp_lora: tuple[dict[str, Any], Path], tmp_path: Path
+) -> None:
+    (single, _), (fsdp_doc, fsdp_out) = single_lora, fsdp_lora
+    checkpoints = tmp_path / "ddp" / "checkpoints"
+    shutil.copytree(fsdp_out / "checkpoints", checkpoints)
+    newer = sorted(p for p in checkpoints.iterdir() if p.name > "step-00000002")
+    assert newer  # what `latest` tries, and skips, first
+    for checkpoint in newer:
+        flip_bytes(checkpoint / "model" / "adapter_model.safetensors")
+    document = {**fsdp_doc, "parallelism": "ddp", "resume_from": "latest"}
+    document["output"] = {"prefix": str(tmp_path / "ddp")}
+    output = _launch("torchrun", write_job(tmp_path / "job.json", document), tmp_path / "work")
+
+    state = json.loads((tmp_path / "ddp" / "final" / "trainer_state.json").read_text())
+    assert state["resumed_from"] == str(checkpoints / "step-00000002")
+    assert all(f"skipping checkpoint {checkpoint}" in output for checkpoint in newer)
+    _assert_same_steps(state["history"], single.history)
+
+    # None verifies: rank 0's error reaches the other rank, and both fail, none left waiting.
+    for checkpoint in checkpoints.iterdir():
+        flip_bytes(checkpoint / "model" / "adapter_model.safetensors")
+    output = _launch("torchrun", tmp_path / "job.json", tmp_path / "work-2", exit_code=1)
+    assert output.count("error (bad_config): resume_from: none of the") == 2, output[-4000:]
 
 
 def test_a_checkpoint_of_two_ranks_is_refused_by_one_naming_the_process_count(
