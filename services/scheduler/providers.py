@@ -29,7 +29,7 @@ from services.scheduler.launcher import EXIT_FILE
 AttemptState = Literal["pending", "running", "exited", "lost", "preempted"]
 LOG_FILE = "trainer.log"
 CONFIG_FILE = "job.json"
-# What runs the trainer; the config path and the checkpoint to resume from are added.
+# What runs the trainer; the config path and the checkpoints to resume from are added.
 TRAINER = ("python", "-m", "services.trainer", "run")
 
 
@@ -47,6 +47,9 @@ class LaunchSpec:
     work_dir: Path
     # A committed checkpoint to go on from (a URI), or None to start from the base model.
     resume_from: str | None = None
+    # Older checkpoints the trainer tries in order when resume_from fails its sha256 check or
+    # is gone (`--resume-fallback`); the first that verifies is resumed from.
+    resume_fallbacks: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     device: str = "cpu"
     device_count: int = 1
@@ -58,6 +61,8 @@ class LaunchSpec:
         argv = [*self.command, "--config", config_path]
         if self.resume_from:
             argv += ["--resume-from", self.resume_from]
+            for fallback in self.resume_fallbacks:
+                argv += ["--resume-fallback", fallback]
         return argv
 
 

@@ -31,14 +31,12 @@ CONFIG_SECRET = "TUNELOOP_JOB_CONFIG"  # noqa: S105 -- a variable's name, not a 
 # Relative to the run command's directory (the synced workdir, or the home directory).
 CONFIG_PATH = ".tuneloop/job.json"
 # The trainer's `--resume-from latest`: the newest checkpoint committed under the attempt's own
-# output prefix, or step 0 when there is none yet (services/trainer/loop.py, `_fetch_resume`).
+# output prefix that verifies, or step 0 when there is none yet (services/trainer/resume.py).
 RESUME_LATEST = "latest"
-# The trainer option naming the checkpoint `latest` falls back to when the attempt has committed
-# none yet. PROPOSED, the trainer has no such option today: until it does, an attempt given a
-# checkpoint passes it as `--resume-from`, and a run SkyPilot recovers starts over from there
-# (correct, but the attempt's own progress is redone). Set it to "--resume-fallback" with the
-# trainer change.
-RESUME_FALLBACK_OPTION: str | None = None
+# The trainer option naming a checkpoint `latest` falls back to (repeatable, tried in order):
+# the attempt's own `resume_from` and `resume_fallbacks`, for the first run of the attempt and
+# for one whose own checkpoints all fail their check.
+RESUME_FALLBACK_OPTION = "--resume-fallback"
 # On a preemption, relaunch in another region first (the one just lost is likely short of spot
 # capacity). User-code failures are never retried by SkyPilot: the scheduler owns retries.
 JOB_RECOVERY = {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 0}
@@ -272,13 +270,14 @@ def run_command(spec: LaunchSpec) -> str:
 
 def trainer_argv(spec: LaunchSpec) -> list[str]:
     """The trainer's arguments for every run of the attempt: the first, and each one SkyPilot
-    starts again after a preemption, which must go on from what the attempt committed."""
-    if spec.resume_from is None:
-        return [*spec.trainer_argv(CONFIG_PATH), "--resume-from", RESUME_LATEST]
-    if RESUME_FALLBACK_OPTION is None:
-        return spec.trainer_argv(CONFIG_PATH)
-    argv = replace(spec, resume_from=None).trainer_argv(CONFIG_PATH)
-    return [*argv, "--resume-from", RESUME_LATEST, RESUME_FALLBACK_OPTION, spec.resume_from]
+    starts again after a preemption, which must go on from what the attempt committed. So
+    `latest` first, then the checkpoints the attempt was given, as fallbacks."""
+    argv = replace(spec, resume_from=None, resume_fallbacks=()).trainer_argv(CONFIG_PATH)
+    argv += ["--resume-from", RESUME_LATEST]
+    for checkpoint in (spec.resume_from, *spec.resume_fallbacks):
+        if checkpoint:
+            argv += [RESUME_FALLBACK_OPTION, checkpoint]
+    return argv
 
 
 def accelerators_for(device: str, count: int) -> str | None:

@@ -9,6 +9,7 @@ event row is keyed by it, so a report the trainer sends twice changes nothing.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Mapping
 
 from sqlmodel import col, select
@@ -32,6 +33,11 @@ from shared.reports import (
     parse_report,
 )
 from shared.signing import NonceStore, SignatureError, verify
+
+# A checkpoint's directory (services/trainer/checkpoints.py: CHECKPOINT_DIR_FORMAT).
+_STEP_DIR = re.compile(r"step-(\d+)$")
+# How much of each skipped checkpoint's error a job event quotes.
+_ERROR_CHARS = 300
 
 # The report's fields JobProgressed carries as they are.
 _PROGRESS_FIELDS = {
@@ -121,6 +127,18 @@ class ReportReceiver:
                     f"Training started on {report.device} ({report.total_steps} steps{resumed})",
                     event_id=report.report_id,
                 )
+                if report.resume_skipped:
+                    jobs.add_event(
+                        session,
+                        job.id,
+                        _resume_warning(report),
+                        level="warn",
+                        data={
+                            "resumed_from": report.resumed_from,
+                            "resume_skipped": [s.model_dump() for s in report.resume_skipped],
+                        },
+                        event_id=f"{report.report_id}-resume",
+                    )
 
         await asyncio.to_thread(record)
 
@@ -228,3 +246,23 @@ class ReportReceiver:
                 .order_by(col(CheckpointRow.step).desc())
             ).first()
             return row.uri if row is not None else None
+
+
+def _resume_warning(report: StartedReport) -> str:
+    """The job event for checkpoints the trainer could not resume from (corrupt, uncommitted,
+    gone), e.g. "Resumed from step 30 (…/step-00000030), skipping 1 checkpoint it could not use:
+    step-00000040 (…/step-00000040/model/adapter_model.safetensors: sha256 …, manifest says …)"."""
+    count = len(report.resume_skipped)
+    skipped = "; ".join(
+        f"{_dir_name(s.uri)} ({s.error[:_ERROR_CHARS]})" for s in report.resume_skipped
+    )
+    what = f"{count} checkpoint{'s' if count > 1 else ''} it could not use"
+    if report.resumed_from is None:
+        return f"Started from step 0, skipping {what}: {skipped}"
+    step = _STEP_DIR.search(report.resumed_from.rstrip("/"))
+    where = f"step {int(step.group(1))} ({report.resumed_from})" if step else report.resumed_from
+    return f"Resumed from {where}, skipping {what}: {skipped}"
+
+
+def _dir_name(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1]

@@ -117,6 +117,7 @@ def manifests(fake: FakeKubernetes) -> dict[str, Any]:
                 "device_count": 8,
                 "max_runtime_s": 3600.5,
                 "resume_from": "s3://tuneloop/acme_corp/ftjob-abc/attempt-0/step-40",
+                "resume_fallbacks": ("s3://tuneloop/acme_corp/ftjob-abc/attempt-0/step-30",),
             },
         ),
     ],

@@ -8,6 +8,7 @@ import signal
 import stat
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from services.scheduler.providers import Handle, LaunchSpec, LocalProvider, Status
@@ -102,6 +103,7 @@ def test_the_trainer_gets_its_config_as_a_private_file_and_the_checkpoint_to_res
         config={"job_id": "ftjob-1", "webhook": {"secret": "s3cr3t"}},
         work_dir=tmp_path,
         resume_from="s3://bucket/ckpt/step-40",
+        resume_fallbacks=("s3://bucket/ckpt/step-30", "s3://bucket/ckpt/step-20"),
         env={"OMP_NUM_THREADS": "1"},
         command=(PY, "-c", "import os, sys; print(sys.argv[1:], os.environ['OMP_NUM_THREADS'])"),
     )
@@ -111,4 +113,9 @@ def test_the_trainer_gets_its_config_as_a_private_file_and_the_checkpoint_to_res
     assert stat.S_IMODE(config.stat().st_mode) == 0o600
     assert json.loads(config.read_text())["webhook"]["secret"] == "s3cr3t"
     expected = ["--config", str(config), "--resume-from", "s3://bucket/ckpt/step-40"]
+    expected += ["--resume-fallback", "s3://bucket/ckpt/step-30"]
+    expected += ["--resume-fallback", "s3://bucket/ckpt/step-20"]
     assert f"{expected} 1" in provider.logs(handle)
+    # Fallbacks are tried after a resume_from only: without one, the trainer starts fresh.
+    fresh = replace(spec, resume_from=None).trainer_argv("job.json")
+    assert "--resume-fallback" not in fresh

@@ -178,19 +178,21 @@ def test_without_a_checkpoint_the_trainer_resumes_from_latest(tmp_path: Path) ->
 CHECKPOINT = "s3://tuneloop/tenants/acme/jobs/ftjob-1/attempt-1/checkpoints/step-00000040"
 
 
-def test_a_given_checkpoint_is_resumed_from_as_given(tmp_path: Path) -> None:
-    run = sp.run_command(_spec(tmp_path, resume_from=CHECKPOINT))
-    assert f"--resume-from {CHECKPOINT}" in run
-    assert "latest" not in run
-
-
-def test_with_the_trainers_fallback_option_a_recovered_run_keeps_its_progress(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sp, "RESUME_FALLBACK_OPTION", "--resume-fallback")
-    argv = sp.trainer_argv(_spec(tmp_path, resume_from=CHECKPOINT))
-    assert argv[-4:] == ["--resume-from", "latest", "--resume-fallback", CHECKPOINT]
+def test_a_given_checkpoint_and_its_fallbacks_come_after_the_attempts_own(tmp_path: Path) -> None:
+    # The first run has nothing of its own and takes the given checkpoint (or, when that fails
+    # its check, the older ones); a run SkyPilot recovered keeps the attempt's own progress.
+    older = CHECKPOINT.replace("step-00000040", "step-00000030")
+    spec = _spec(tmp_path, resume_from=CHECKPOINT, resume_fallbacks=(older,))
+    argv = sp.trainer_argv(spec)
+    assert argv[-6:] == [
+        "--resume-from", "latest",
+        "--resume-fallback", CHECKPOINT,
+        "--resume-fallback", older,
+    ]  # fmt: skip
     assert argv.count("--resume-from") == 1
+    assert f"--resume-from latest --resume-fallback {CHECKPOINT} --resume-fallback" in (
+        sp.run_command(spec)
+    )
     assert sp.trainer_argv(_spec(tmp_path))[-2:] == ["--resume-from", "latest"]
 
 

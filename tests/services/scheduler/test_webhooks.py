@@ -27,6 +27,7 @@ from shared.reports import (
     CheckpointSavedReport,
     CompletedReport,
     FailedReport,
+    SkippedCheckpoint,
     StartedReport,
     TrainerReport,
 )
@@ -119,6 +120,42 @@ async def test_started_runs_the_job_once_however_often_it_is_sent(
         assert [e.message for e in events if "started" in e.message] == [
             "Training started on cpu (40 steps)"
         ]
+
+
+async def test_checkpoints_the_trainer_could_not_resume_from_become_one_warning(
+    receiver: ReportReceiver, engine: Engine
+) -> None:
+    checkpoints = "s3://b/acme/ftjob-w/attempt-1/checkpoints"
+    error = (
+        f"{checkpoints}/step-00000040/model/adapter_model.safetensors: sha256 9f0c (2048 bytes), "
+        "manifest says 41aa (2048 bytes)"
+    )
+    report = StartedReport(
+        seq=0,
+        world_size=1,
+        total_steps=60,
+        resumed_from=f"{checkpoints}/step-00000030",
+        resume_skipped=[SkippedCheckpoint(uri=f"{checkpoints}/step-00000040", error=error)],
+        device="cpu",
+        method="lora",
+        **COMMON,
+    )
+    for _ in range(2):  # a retried report adds nothing
+        headers, body = _signed(report)
+        await receiver.receive("ftjob-w", headers, body)
+    with session_scope(engine) as session:
+        events, _ = jobs.events(session, job_id="ftjob-w", after=None, limit=10)
+    (warning,) = [e for e in events if e.level != "info"]
+    assert warning.level == "warn"
+    assert warning.message == (
+        f"Resumed from step 30 ({checkpoints}/step-00000030), skipping 1 checkpoint it could not "
+        f"use: step-00000040 ({error})"
+    )
+    assert warning.data == {
+        "resumed_from": f"{checkpoints}/step-00000030",
+        "resume_skipped": [{"uri": f"{checkpoints}/step-00000040", "error": error}],
+    }
+    assert len(events) == 2  # and "Training started ..., resumed from ..."
 
 
 async def test_checkpoints_and_completion_become_events_with_the_last_checkpoint(
