@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -19,7 +20,9 @@ from typing import Any, Literal
 
 import nats.errors
 import uvicorn
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from faststream.nats import NatsRouter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -149,6 +152,7 @@ class ServiceRuntime:
         app.state.runtime = self
         app.state.db_engine = self.engine
         app.openapi = _with_error_messages(app.openapi)  # type: ignore[method-assign]
+        app.add_exception_handler(RequestValidationError, validation_error)
         app.include_router(self._health_router())
         app.include_router(api)
         app.add_middleware(
@@ -159,6 +163,30 @@ class ServiceRuntime:
             self.name, otlp_endpoint=self.settings.telemetry.otlp_endpoint, app=app
         )
         return app
+
+
+async def validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's 422 (field errors, each echoing its input), less its 500 on input JSON cannot
+    write back: Python's JSON parser reads `NaN`, `1e999` and lone surrogates (`"\\ud800"`)
+    from a body, so numbers are echoed as strings and such characters escaped."""
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse({"detail": _writable(jsonable_encoder(exc.errors()))}, status_code=422)
+
+
+def _writable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return value.encode(errors="backslashreplace").decode()
+        return value
+    if isinstance(value, list):
+        return [_writable(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _writable(item) for key, item in value.items()}
+    return value
 
 
 def _with_error_messages(openapi: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:

@@ -23,6 +23,7 @@ from starlette.datastructures import UploadFile as StarletteUploadFile
 from starlette.types import Message, Receive, Scope, Send
 
 from services.ingest import dataset_api, forwarding, keys_api, samples, uploads
+from services.ingest.feedback import api as feedback_api
 from services.ingest.formats import UnknownFormat, check_format
 from services.ingest.models import UploadedFile
 from services.ingest.proxy_routes import ROUTES, ProxyRoute
@@ -37,6 +38,8 @@ router = APIRouter()
 router.include_router(dataset_api.router)
 # A tenant's own keys (admin scope): keys_api.py.
 router.include_router(keys_api.router)
+# Feedback on samples (the gateway names each captured call's sample): feedback/api.py.
+router.include_router(feedback_api.router)
 
 
 async def get_ingest(request: Request) -> Ingest:

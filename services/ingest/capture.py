@@ -30,6 +30,7 @@ from services.ingest.normalize import Exchange, NormalizeError
 from services.ingest.private_files import private_dir, private_file
 from services.ingest.routing import Api
 from shared.bus import EncodedEvent
+from shared.chat import derive_sample_id
 from shared.events import SampleCaptured
 from shared.processes import Incarnation, this_incarnation
 from shared.settings import Settings
@@ -91,6 +92,14 @@ class CapturedCall:
                 "started_at": datetime.fromisoformat(record["started_at"]),
             }
         )
+
+
+def gateway_sample_id(tenant: str, request_id: str) -> str:
+    """The id of the sample a captured call becomes, known before the call is read: `Sample`
+    derives it from (tenant, source, source_ref = the call's request id, choice index), so the
+    gateway can tell the caller (`x-tuneloop-sample-id`) while the answer goes out. It is the
+    first choice's; an OpenAI call with `n` > 1 makes one sample per choice."""
+    return derive_sample_id(tenant, "gateway", request_id)
 
 
 def decode_body(raw: bytes, encoding: str) -> bytes:

@@ -31,6 +31,7 @@ from services.ingest.cleaning.report import StepReport
 from services.ingest.cleaning.tokens import TokenCounter, TokenizerLoadError, load_tokenizer
 from services.ingest.dataset_rows import Built
 from services.ingest.dataset_spec import DatasetSpec
+from services.ingest.feedback import store as feedback
 from services.ingest.snapshots import write_snapshot
 from services.ingest.splitting import SplitError
 from shared import catalogue
@@ -133,6 +134,15 @@ def _base_model_location(spec: DatasetSpec) -> str | None:
     return catalogue.locate(spec.base_model, data_dir=get_settings().app.data_dir)
 
 
+def _feedback_scores(engine: Engine, *, tenant: str, spec: DatasetSpec) -> dict[str, float] | None:
+    """Each sample's newest feedback score, read once for the whole build, when rejection
+    sampling will read it (`min_score` under the key `score`: cleaning.scoring)."""
+    cleaning = spec.cleaning
+    if cleaning.min_score is None or cleaning.score_key != feedback.SCORE_KEY:
+        return None
+    return feedback.newest_scores(engine, tenant=tenant)
+
+
 def build(
     engine: Engine,
     store: ObjectStore,
@@ -171,6 +181,7 @@ def build(
             eval_samples=given_eval,
             tokenizer=counter,
             on_step=cleaned_step,
+            feedback_scores=_feedback_scores(engine, tenant=tenant, spec=spec),
         )
     except SplitError as exc:
         raise BuildFailed(str(exc)) from None

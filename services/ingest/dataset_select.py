@@ -3,9 +3,9 @@
 Rows are read in keyset pages of (created_at, id), oldest first, with only the columns needed,
 so a 100k-sample selection never sits in one result set and its order is the same every time
 (the split and the version hash depend on it). What SQL can filter (time, source, provider,
-status, tags, purposes) is filtered there; models and metadata are checked on the parsed sample
-with the filter's own `matches`, and file membership on the stored bytes, since none has a
-column.
+status, tags, purposes, the newest feedback's label and score) is filtered there; models and
+metadata are checked on the parsed sample with the filter's own `matches`, and file membership
+on the stored bytes, since none has a column.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from services.ingest.dataset_spec import SampleFilter
+from services.ingest.feedback import store as feedback
 from services.ingest.models import SampleRow, SampleTag, UploadedFile
 from services.ingest.purpose import TAG_PREFIX as PURPOSE_PREFIX
 from shared.chat import Sample
@@ -92,6 +93,14 @@ def _filter_conditions(tenant: str, selection: SampleFilter | None) -> list[Any]
         col(SampleTag.tag).not_in(sorted(selection.purpose_tags_kept())),
     )
     conditions.append(~purposed)
+    # Feedback (POST /v1/feedback): the newest label / score of each sample, a correlated
+    # subquery seeking (tenant, sample_id), evaluated only when the filter asks for it.
+    if selection.feedback_label:
+        label = feedback.newest_label(tenant=tenant, sample_id=col(SampleRow.id))
+        conditions.append(label.in_(list(selection.feedback_label)))
+    if selection.min_feedback_score is not None:
+        score = feedback.newest_score(tenant=tenant, sample_id=col(SampleRow.id))
+        conditions.append(score >= selection.min_feedback_score)
     return conditions
 
 
@@ -138,11 +147,17 @@ def iter_filtered(
     selection: SampleFilter | None,
     page_size: int = PAGE_SIZE,
 ) -> Iterator[Sample]:
-    check = selection is not None and bool(selection.models or selection.metadata)
-    for rows in _pages(engine, _filter_conditions(tenant, selection), page_size):
+    conditions = _filter_conditions(tenant, selection)
+    # What SQL could not decide; the feedback criteria it did decide are left out of the check.
+    check = (
+        selection.model_copy(update={"feedback_label": [], "min_feedback_score": None})
+        if selection is not None and (selection.models or selection.metadata)
+        else None
+    )
+    for rows in _pages(engine, conditions, page_size):
         for row in rows:
             sample = Sample.from_json_bytes(row[2])
-            if not check or (selection is not None and selection.matches(sample)):
+            if check is None or check.matches(sample):
                 yield sample
 
 

@@ -6,7 +6,8 @@ instead of a silently ignored option.
 
 from __future__ import annotations
 
-from typing import Literal, Self
+import re
+from typing import Literal, NamedTuple, Self
 
 from pydantic import (
     AwareDatetime,
@@ -18,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from services.ingest.feedback.store import LABEL_MAX_LENGTH, LABEL_PATTERN, LABEL_RULE
 from services.ingest.purpose import SLUG_RULE, is_purpose
 from services.ingest.purpose import TAG_PREFIX as PURPOSE_PREFIX
 from shared.catalogue import CATALOGUE, is_model_id
@@ -25,6 +27,15 @@ from shared.chat import Provider, Sample, Source
 
 MetadataScalar = str | int | float | bool
 STRATIFY_FIELDS = ("model", "source", "provider")
+_LABEL = re.compile(LABEL_PATTERN)
+
+
+class NewestFeedback(NamedTuple):
+    """A sample's newest feedback label and newest feedback score (POST /v1/feedback), each
+    from the newest feedback that has one; None where it has none."""
+
+    label: str | None = None
+    score: float | None = None
 
 
 class _Spec(BaseModel):
@@ -47,6 +58,23 @@ class SampleFilter(_Spec):
     # The platform's own calls (a `purpose:<value>` tag: judge verdicts, shadow traffic, evals)
     # are left out unless their purpose is listed here (or named in `tags`).
     include_purposes: list[str] = Field(default_factory=list)
+    # Feedback (POST /v1/feedback): samples whose newest feedback label is this one, or one of
+    # these; whose newest feedback score is at least this. A sample without is not selected.
+    feedback_label: list[str] = Field(default_factory=list)
+    min_feedback_score: float | None = Field(default=None, allow_inf_nan=False)
+
+    @field_validator("feedback_label", mode="before")
+    @classmethod
+    def _one_or_more_labels(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("feedback_label")
+    @classmethod
+    def _labels(cls, value: list[str]) -> list[str]:
+        for i, label in enumerate(value):
+            if len(label) > LABEL_MAX_LENGTH or not _LABEL.fullmatch(label):
+                raise ValueError(f"feedback_label[{i}]: {label[:40]!r} is not {LABEL_RULE}")
+        return value
 
     @field_validator("include_purposes")
     @classmethod
@@ -67,9 +95,11 @@ class SampleFilter(_Spec):
             raise ValueError("source.since must be before source.until")
         return self
 
-    def matches(self, sample: Sample) -> bool:
-        """The reference semantics of the filter in Python (the store does the same in SQL)."""
+    def matches(self, sample: Sample, feedback: NewestFeedback | None = None) -> bool:
+        """The reference semantics of the filter in Python (the store does the same in SQL).
+        `feedback`: the sample's newest feedback (None: it has none)."""
         response = sample.response
+        feedback = feedback or NewestFeedback()
         checks = (
             self.since is None or sample.created_at >= self.since,
             self.until is None or sample.created_at < self.until,
@@ -88,6 +118,9 @@ class SampleFilter(_Spec):
             ),
             all(_same_scalar(sample.metadata.get(k), v) for k, v in self.metadata.items()),
             self.status is None or (response.status if response else "ok") == self.status,
+            not self.feedback_label or feedback.label in self.feedback_label,
+            self.min_feedback_score is None
+            or (feedback.score is not None and feedback.score >= self.min_feedback_score),
         )
         return all(checks)
 
@@ -119,7 +152,8 @@ class CleaningOptions(_Spec):
     expect_json: bool = False
     keep_flagged: bool = False
     min_score: float | None = None
-    # A numeric metadata value under this key, else the last tag `<score_key>:<number>`.
+    # A numeric metadata value under this key, else the last tag `<score_key>:<number>`; with
+    # the default key `score`, the sample's newest feedback score comes first.
     score_key: str = Field(default="score", min_length=1)
 
 
@@ -250,6 +284,7 @@ def stratum_of(sample: Sample, stratify_by: str | None) -> str:
 __all__ = [
     "CleaningOptions",
     "DatasetSpec",
+    "NewestFeedback",
     "SampleFilter",
     "SplitOptions",
     "stratum_of",

@@ -1,4 +1,5 @@
-"""Tables owned by the ingest service: captured samples and their tags, uploaded files, datasets.
+"""Tables owned by the ingest service: captured samples and their tags, feedback on them,
+uploaded files, datasets.
 
 The sample itself is stored whole as canonical JSON (`body`); the other columns exist to filter
 and page without parsing it. Tags get their own table so "every sample tagged X" is an index
@@ -41,6 +42,23 @@ class SampleTag(SQLModel, table=True):
     )
     tag: str = Field(primary_key=True, max_length=128)
     tenant: str = Field(max_length=63)
+
+
+class FeedbackRow(SQLModel, table=True):
+    """Feedback on a sample (POST /v1/feedback): a score and/or a label, and a comment. Every
+    one is kept; selection reads a sample's newest label and newest score (feedback/store.py).
+    No foreign key to the sample: feedback may arrive before the shipper has stored it."""
+
+    __tablename__ = "ingest_feedback"
+    __table_args__ = (sa.Index("ix_ingest_feedback_tenant_sample", "tenant", "sample_id"),)
+
+    id: str = Field(primary_key=True, max_length=40)
+    tenant: str = Field(max_length=63)
+    sample_id: str = Field(max_length=64)
+    score: float | None = None
+    label: str | None = Field(default=None, max_length=64)
+    comment: str | None = Field(default=None, max_length=2000)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
 class UploadedFile(SQLModel, table=True):

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 
 from starlette.types import Receive, Send
 
-from services.ingest.capture import CapturedCall
+from services.ingest.capture import CapturedCall, gateway_sample_id
 from services.ingest.routing import Api, Route
 from services.ingest.upstream_pool import UpstreamError, UpstreamPool, UpstreamResponse
 
@@ -49,7 +49,11 @@ _DROP_REQUEST = frozenset(
         "x-goog-api-key", "accept-encoding", "cookie", "expect",
     }
 )  # fmt: skip
-_DROP_RESPONSE = frozenset(name.encode() for name in HOP_BY_HOP)
+# The id of the sample a captured call becomes (capture.gateway_sample_id), sent with its
+# answer so the caller can give feedback on it (POST /v1/feedback). The gateway's own: an
+# upstream's (another gateway in front of a provider) never goes through.
+SAMPLE_ID_HEADER = b"x-tuneloop-sample-id"
+_DROP_RESPONSE = frozenset(name.encode() for name in HOP_BY_HOP) | {SAMPLE_ID_HEADER}
 # Encodings the capture can decode; the client still gets the upstream's bytes unchanged.
 _DECODABLE = frozenset({b"gzip", b"x-gzip", b"deflate", b"identity"})
 _ANY_DECODABLE = b"gzip, deflate"
@@ -172,9 +176,12 @@ async def forward(
 
     `path` is the API path the capture records; the upstream gets the client's raw path.
     `response_headers` are added to the upstream's (the gateway's own `x-tuneloop-served-by`).
-    `capture` None: the call is relayed only (embeddings, token counts), its answer not kept.
+    `capture` None: the call is relayed only (embeddings, token counts), its answer not kept;
+    otherwise the answer also names the sample it becomes (`x-tuneloop-sample-id`).
     """
     tap = _Tap(datetime.now(UTC), time.perf_counter(), keep=capture is not None)
+    # Decided now, not once the answer is in: a stream's headers go out before its end.
+    request_id = os.urandom(16).hex() if capture is not None else ""
     try:
         upstream = await client.request(
             incoming.method,
@@ -196,7 +203,7 @@ async def forward(
             CapturedCall(
                 api=api,
                 tenant=tenant,
-                request_id=os.urandom(16).hex(),
+                request_id=request_id,
                 request_body=incoming.body,
                 status=upstream.status,
                 response_body=b"".join(tap.chunks),
@@ -214,6 +221,8 @@ async def forward(
     try:
         headers = [(name, value) for name, value in upstream.headers if name not in _DROP_RESPONSE]
         headers += response_headers
+        if capture is not None:
+            headers.append((SAMPLE_ID_HEADER, gateway_sample_id(tenant, request_id).encode()))
         start = {"type": "http.response.start", "status": upstream.status, "headers": headers}
         # Only whole answers are captured; a cut-off one would be a truncated training example.
         if upstream.content_length is not None and not content_type.startswith("text/event-stream"):

@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException
 from fastapi.testclient import TestClient
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from shared.auth import PrincipalDep
 from shared.service import ServiceRuntime
@@ -17,6 +17,11 @@ from tests.plugins.infra import make_settings
 
 class Spec(BaseModel):
     name: str
+    weight: float = Field(default=1.0, allow_inf_nan=False)
+
+
+class ShortSpec(BaseModel):
+    name: str = Field(max_length=10)  # checked on the characters: a lone surrogate is refused
 
 
 def _app(tmp_path: Path) -> TestClient:
@@ -26,6 +31,10 @@ def _app(tmp_path: Path) -> TestClient:
     def create(spec: Spec) -> dict[str, str]:
         if spec.name == "taken":
             raise HTTPException(422, detail="name: 'taken' is not allowed")
+        return {"name": spec.name}
+
+    @router.post("/v1/short")
+    def short(spec: ShortSpec) -> dict[str, str]:
         return {"name": spec.name}
 
     @router.post("/v1/mine")
@@ -59,3 +68,22 @@ def test_the_documented_422_takes_a_message_or_field_errors(tmp_path: Path) -> N
     # Both shapes really are sent.
     assert isinstance(client.post("/v1/things", json={"name": "taken"}).json()["detail"], str)
     assert isinstance(client.post("/v1/things", json={}).json()["detail"], list)
+
+
+def test_input_json_cannot_write_back_is_a_422_naming_its_field_not_a_500(
+    tmp_path: Path,
+) -> None:
+    # Python's JSON parser reads NaN, 1e999 (inf) and lone surrogates; FastAPI's own handler
+    # could not write them back into the 422 body that echoes the input.
+    client = _app(tmp_path)
+    json_body = {"content-type": "application/json"}
+    for literal, echoed in ((b"NaN", "nan"), (b"1e999", "inf"), (b"-Infinity", "-inf")):
+        body = b'{"name": "a", "weight": ' + literal + b"}"
+        refused = client.post("/v1/things", content=body, headers=json_body)
+        assert refused.status_code == 422, refused.text
+        [error] = refused.json()["detail"]
+        assert (error["loc"], error["input"]) == (["body", "weight"], echoed)
+    refused = client.post("/v1/short", content=b'{"name": "\\ud800"}', headers=json_body)
+    assert refused.status_code == 422, refused.text
+    [error] = refused.json()["detail"]
+    assert (error["loc"], error["input"]) == (["body", "name"], "\\ud800")

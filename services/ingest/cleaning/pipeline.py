@@ -17,7 +17,7 @@ Samples are handled as the validated models they came in as; steps copy what the
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 # A module import: splitting imports cleaning.text, so this package is half-loaded then.
@@ -39,7 +39,11 @@ _Step = Callable[[list[Sample]], tuple[list[Sample], StepReport]]
 
 
 def _steps(
-    options: CleaningOptions, counter: TokenCounter, words: WordCache, report: CleaningReport
+    options: CleaningOptions,
+    counter: TokenCounter,
+    words: WordCache,
+    report: CleaningReport,
+    feedback: Mapping[str, float] | None,
 ) -> list[_Step]:
     def flags(samples: list[Sample]) -> tuple[list[Sample], StepReport]:
         kept, step, flagged = flag_samples(
@@ -62,7 +66,7 @@ def _steps(
         steps.append(drop_empty)
     steps.append(flags)
     if (min_score := options.min_score) is not None:
-        steps.append(lambda s: filter_by_score(s, min_score, options.score_key))
+        steps.append(lambda s: filter_by_score(s, min_score, options.score_key, feedback))
     if (max_tokens := options.max_tokens) is not None:
         steps.append(lambda s: drop_overlong(s, max_tokens, options.overlong, counter))
     if options.dedup_exact:
@@ -81,14 +85,17 @@ def clean(
     tokenizer: Any | None = None,
     on_step: OnStep | None = None,
     words: WordCache | None = None,
+    feedback_scores: Mapping[str, float] | None = None,
 ) -> tuple[list[Sample], CleaningReport]:
     """Run the cleaning steps; the result is ordered by (created_at, id) whatever the input
     order. `tokenizer`: a Hugging Face tokenizer or a TokenCounter (None: approximate counts).
     `on_step` is called after each step (progress events); `words` shares word hashes with a
-    later decontamination."""
+    later decontamination; `feedback_scores` (sample id -> newest feedback score) are what
+    `min_score` reads first under the key `score` (cleaning.scoring)."""
     current = sorted(samples, key=lambda s: (s.created_at, s.id))
     report = CleaningReport(input_count=len(current), output_count=len(current))
-    for step in _steps(options, TokenCounter.of(tokenizer), words or WordCache(), report):
+    counter = TokenCounter.of(tokenizer)
+    for step in _steps(options, counter, words or WordCache(), report, feedback_scores):
         current, step_report = step(current)
         report.add(step_report)
         if on_step is not None:
@@ -104,6 +111,7 @@ def clean_and_split(
     eval_samples: Sequence[Sample] | None = None,
     tokenizer: Any | None = None,
     on_step: OnStep | None = None,
+    feedback_scores: Mapping[str, float] | None = None,
 ) -> tuple[list[Sample], list[Sample], CleaningReport]:
     """clean, split, then remove train samples that overlap eval. Returns (train, eval, report)
     with `report.input_count - report.removed == len(train) + len(eval)`. Raises SplitError
@@ -114,12 +122,23 @@ def clean_and_split(
     words = WordCache()
     if eval_samples is None:
         cleaned, report = clean(
-            samples, cleaning, tokenizer=tokenizer, on_step=on_step, words=words
+            samples,
+            cleaning,
+            tokenizer=tokenizer,
+            on_step=on_step,
+            words=words,
+            feedback_scores=feedback_scores,
         )
         train, eval_ = splitting.split(cleaned, split_options)
     else:
         train, eval_, report = _clean_given_eval(
-            samples, eval_samples, cleaning, tokenizer=tokenizer, on_step=on_step, words=words
+            samples,
+            eval_samples,
+            cleaning,
+            tokenizer=tokenizer,
+            on_step=on_step,
+            words=words,
+            feedback_scores=feedback_scores,
         )
     if (n := cleaning.decontaminate_ngram) is not None:
         train, step = decontaminate(train, eval_, n, cleaning.decontaminate_max_df, words)
@@ -139,13 +158,18 @@ def _clean_given_eval(
     tokenizer: Any | None,
     on_step: OnStep | None,
     words: WordCache,
+    feedback_scores: Mapping[str, float] | None,
 ) -> tuple[list[Sample], list[Sample], CleaningReport]:
     """Train and a given eval set, each cleaned on its own (a duplicate across the two must not
     cost eval an item: the train copy goes, below), then train samples asking an eval prompt
     removed, as the random split keeps a prompt on one side. Each step is reported once, for
     both sets together, so the report reads as a single pass."""
-    train, train_report = clean(train_in, cleaning, tokenizer=tokenizer, words=words)
-    eval_, eval_report = clean(eval_in, cleaning, tokenizer=tokenizer, words=words)
+    train, train_report = clean(
+        train_in, cleaning, tokenizer=tokenizer, words=words, feedback_scores=feedback_scores
+    )
+    eval_, eval_report = clean(
+        eval_in, cleaning, tokenizer=tokenizer, words=words, feedback_scores=feedback_scores
+    )
     if not eval_:
         raise splitting.SplitError(
             f"eval_file_ids: cleaning removed all {len(eval_in)} samples of the eval files"

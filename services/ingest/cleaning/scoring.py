@@ -1,17 +1,22 @@
 """Rejection sampling: keep only samples whose score reaches a threshold.
 
-A sample's score is the number under metadata[score_key] (a judge's score; a numeric string
-counts), else the last tag `<score_key>:<number>` (a feedback tag such as `score:4`). A sample
-with neither is removed with reason "no_score": asking for a threshold means unscored samples
-are unknown quality, not good ones.
+A sample's score is, with the default key `score`, its newest feedback score (POST
+/v1/feedback: an explicit verdict on that very answer, so it comes first); else the number under
+metadata[score_key] (a judge's score; a numeric string counts); else the last tag
+`<score_key>:<number>` (a feedback tag such as `score:4`). Feedback is read only under `score`,
+the name of its field: a build that scores by another key (`judge`, on a scale of its own) is
+not mixed with feedback on another scale. A sample with no score is removed with reason
+"no_score": asking for a threshold means unscored samples are unknown quality, not good ones.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 
 from services.ingest.cleaning.report import StepReport
+from services.ingest.feedback.store import SCORE_KEY as FEEDBACK_SCORE_KEY
 from shared.chat import Sample
 
 
@@ -25,7 +30,12 @@ def _number(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def sample_score(sample: Sample, key: str) -> float | None:
+def sample_score(
+    sample: Sample, key: str, feedback: Mapping[str, float] | None = None
+) -> float | None:
+    """`feedback`: each sample id's newest feedback score (feedback.store.newest_scores)."""
+    if key == FEEDBACK_SCORE_KEY and feedback and (score := feedback.get(sample.id)) is not None:
+        return score
     if (score := _number(sample.metadata.get(key))) is not None:
         return score
     prefix = f"{key}:"
@@ -36,12 +46,15 @@ def sample_score(sample: Sample, key: str) -> float | None:
 
 
 def filter_by_score(
-    samples: list[Sample], min_score: float, key: str
+    samples: list[Sample],
+    min_score: float,
+    key: str,
+    feedback: Mapping[str, float] | None = None,
 ) -> tuple[list[Sample], StepReport]:
     kept: list[Sample] = []
     removed: Counter[str] = Counter()
     for sample in samples:
-        score = sample_score(sample, key)
+        score = sample_score(sample, key, feedback)
         if score is None:
             removed["no_score"] += 1
         elif score < min_score:

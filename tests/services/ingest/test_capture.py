@@ -15,7 +15,13 @@ import orjson
 import psutil
 import pytest
 
-from services.ingest.capture import CapturedCall, Fidelity, SpillFile, to_exchange
+from services.ingest.capture import (
+    CapturedCall,
+    Fidelity,
+    SpillFile,
+    gateway_sample_id,
+    to_exchange,
+)
 from services.ingest.normalize import NormalizeError, normalize
 from shared.processes import Incarnation, start_mark, this_incarnation
 from tests.fakes.upstream import recorded
@@ -74,6 +80,25 @@ def test_gemini_stream_without_sse_is_one_json_array_and_still_normalises() -> N
     [sample] = normalize(result).samples
     assert sample.completion() is not None
     assert "checkerboard" in sample.completion().text()  # type: ignore[union-attr]
+
+
+def test_the_id_the_gateway_announces_is_the_id_its_journaled_call_becomes() -> None:
+    # x-tuneloop-sample-id is sent before the call is read; the sample made from the journal
+    # line, after a round trip through it, must carry that id (as must its first choice only).
+    for name, api, content_type in (
+        ("oa01_tool_calls_multiturn", "openai", "application/json"),
+        ("oa03_streaming_parallel_tool_calls_sse", "openai", "text/event-stream"),
+        ("an03_parallel_tool_use_gzip", "anthropic", "application/json"),
+    ):
+        exchange = recorded(name)
+        body = exchange["response"]["body"]
+        raw = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        call = _call(api, exchange["request"]["body"], raw, content_type)
+        call.request_id = os.urandom(16).hex()
+        journaled = CapturedCall.from_record(orjson.loads(orjson.dumps(call.to_record())))
+        [sample] = normalize(to_exchange(journaled)).samples
+        assert sample.id == gateway_sample_id("acme", call.request_id), name
+    assert gateway_sample_id("acme", "req-1") != gateway_sample_id("globex", "req-1")
 
 
 def test_unreadable_request_is_a_normalize_error_naming_it() -> None:

@@ -345,6 +345,22 @@ def test_rejection_sampling_reads_metadata_then_feedback_tags() -> None:
     assert report.reasons == {"below_min_score": 1, "no_score": 1}
 
 
+def test_a_feedback_score_comes_first_under_the_key_score_only() -> None:
+    judged_low = make_sample("a", n=1, metadata={"score": 0.1, "judge": 9})
+    judged_high = make_sample("b", n=2, metadata={"score": 0.9, "judge": 2})
+    unscored = make_sample("c", n=3)
+    feedback = {judged_low.id: 0.8, judged_high.id: 0.3, unscored.id: 1.0}
+    samples = [judged_low, judged_high, unscored]
+    # Under `score` the newest feedback overrides the sample's own score, and scores one
+    # that has none.
+    kept, report = filter_by_score(samples, 0.5, "score", feedback)
+    assert kept == [judged_low, unscored]
+    assert report.reasons == {"below_min_score": 1}
+    # Under another key (a judge's scale) feedback is not mixed in.
+    kept, _ = filter_by_score(samples, 5, "judge", feedback)
+    assert kept == [judged_low]
+
+
 # --- the pipeline -------------------------------------------------------------------------
 
 

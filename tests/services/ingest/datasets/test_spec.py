@@ -15,6 +15,18 @@ def _error(body: dict) -> str:
     return str(caught.value)
 
 
+def test_feedback_filters_take_one_label_or_several_and_refuse_what_no_label_is() -> None:
+    assert SampleFilter.model_validate({"feedback_label": "good"}).feedback_label == ["good"]
+    both = SampleFilter.model_validate({"feedback_label": ["good", "ok"], "min_feedback_score": 1})
+    assert (both.feedback_label, both.min_feedback_score) == (["good", "ok"], 1.0)
+    assert "source.feedback_label" in _error({"name": "x", "source": {"feedback_label": 3}})
+    message = _error({"name": "x", "source": {"feedback_label": ["good", "so so"]}})
+    assert "feedback_label[1]: 'so so' is not" in message
+    assert "min_feedback_score" in _error(
+        {"name": "x", "source": {"min_feedback_score": float("nan")}}
+    )
+
+
 def test_a_minimal_spec_takes_the_recommended_defaults() -> None:
     spec = DatasetSpec.model_validate({"name": "support", "source": {}})
     assert spec.cleaning.dedup_exact
