@@ -12,13 +12,13 @@ from pydantic import SecretStr
 from sqlalchemy.engine import Engine
 from sqlalchemy.engine.url import URL
 
-from services.scheduler.attempts import plan_fits
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.jobs import JobError
 from services.scheduler.ladder import Ladder, ProviderPool, ProviderSpec
 from services.scheduler.lifecycle import Scheduler
 from services.scheduler.memory import lora_parameters, training_memory
 from services.scheduler.models import JobRow
+from services.scheduler.placement import plan_fits
 from services.scheduler.protocol import JobCreate
 from shared.catalogue import SMOLLM2_135M_INSTRUCT, CatalogueEntry
 from shared.db import make_engine
