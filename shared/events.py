@@ -307,6 +307,31 @@ class JobRolledOver(JobEvent):
     resume_from: str | None
 
 
+class JobEarlyStopRequested(JobEvent):
+    """Training should end now, keeping the best checkpoint: the evaluator saw the task score
+    fall while the loss kept falling (overfitting). The scheduler stops the run as it stops one
+    at its budget: the trainer checkpoints, training ends there and the decision follows."""
+
+    event_name = "job.early_stop_requested"
+    stream = JOBS
+    reason: str = Field(min_length=1, max_length=1000)
+    requested_by: str = Field(default="evaluator", max_length=64)
+
+
+class RetrainTriggered(Event):
+    """A retrain policy ran: a dataset of the traffic it selects is building and a job will
+    train on it (the job's own events follow)."""
+
+    event_name = "job.retrain_triggered"
+    stream = JOBS
+    policy_id: str
+    policy_name: str
+    reason: str = Field(description="why it ran now, in words")
+    new_samples: int = Field(ge=0)
+    dataset_id: str
+    job_id: str
+
+
 class JobSucceeded(JobEvent):
     event_name = "job.succeeded"
     stream = JOBS

@@ -73,6 +73,9 @@ class StartedReport(_Report):
     )
     device: str = Field(min_length=1, description="e.g. cpu, cuda:0 (NVIDIA H100 80GB)")
     method: Method
+    trained_tokens: int | None = Field(
+        default=None, ge=0, description="non-pad tokens of the steps it resumed after (0 fresh)"
+    )
 
 
 class ProgressReport(_Report):
@@ -87,6 +90,9 @@ class ProgressReport(_Report):
     grad_norm: float | None = None
     tokens_per_s: float | None = Field(default=None, ge=0, description="non-pad tokens/s")
     eta_s: float | None = Field(default=None, ge=0)
+    trained_tokens: int | None = Field(
+        default=None, ge=0, description="non-pad tokens of every step so far, resumed ones included"
+    )
 
 
 class CheckpointSavedReport(_Report):

@@ -22,7 +22,7 @@ from starlette.datastructures import FormData
 from starlette.datastructures import UploadFile as StarletteUploadFile
 from starlette.types import Message, Receive, Scope, Send
 
-from services.ingest import dataset_api, forwarding, keys_api, samples, uploads
+from services.ingest import dataset_api, forwarding, keys_api, samples, service_api, uploads
 from services.ingest.feedback import api as feedback_api
 from services.ingest.formats import UnknownFormat, check_format
 from services.ingest.models import UploadedFile
@@ -40,6 +40,8 @@ router.include_router(dataset_api.router)
 router.include_router(keys_api.router)
 # Feedback on samples (the gateway names each captured call's sample): feedback/api.py.
 router.include_router(feedback_api.router)
+# For the platform's other services, acting for a tenant with the service token: service_api.py.
+router.include_router(service_api.router)
 
 
 async def get_ingest(request: Request) -> Ingest:

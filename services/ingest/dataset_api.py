@@ -115,7 +115,14 @@ def _checked_files(
 async def create_dataset(
     spec: DatasetSpec, principal: auth.WriterDep, engine: EngineDep, worker: WorkerDep
 ) -> dict[str, Any]:
-    tenant = principal.tenant_id
+    return await start_build(spec, tenant=principal.tenant_id, engine=engine, worker=worker)
+
+
+async def start_build(
+    spec: DatasetSpec, *, tenant: str, engine: Engine, worker: DatasetWorker
+) -> dict[str, Any]:
+    """Check what can be checked now (HTTPException naming the problem), record the dataset
+    and ask for its build; the dataset object, `queued`."""
     check_base_model(spec, tenant=tenant, bucket=worker.store.bucket)
 
     def create() -> DatasetRow:
@@ -145,7 +152,7 @@ async def create_dataset(
     return dataset_rows.dataset_object(row)
 
 
-def _row(engine: Engine, tenant: str, dataset_id: str) -> DatasetRow:
+def dataset_row(engine: Engine, tenant: str, dataset_id: str) -> DatasetRow:
     with session_scope(engine) as session:
         row = dataset_rows.get(session, tenant=tenant, dataset_id=dataset_id)
     if row is None:
@@ -155,7 +162,7 @@ def _row(engine: Engine, tenant: str, dataset_id: str) -> DatasetRow:
 
 @router.get("/v1/datasets/{dataset_id}", summary="A dataset: status, progress, report, stats")
 def get_dataset(dataset_id: str, principal: auth.PrincipalDep, engine: EngineDep) -> dict[str, Any]:
-    return dataset_rows.dataset_object(_row(engine, principal.tenant_id, dataset_id))
+    return dataset_rows.dataset_object(dataset_row(engine, principal.tenant_id, dataset_id))
 
 
 @router.get("/v1/datasets", summary="The tenant's datasets, newest first")
@@ -195,7 +202,7 @@ def export_dataset(
     worker: WorkerDep,
     split: Literal["train", "eval"] = "train",
 ) -> FileResponse:
-    row = _row(engine, principal.tenant_id, dataset_id)
+    row = dataset_row(engine, principal.tenant_id, dataset_id)
     if row.status != "built" or row.uri is None:
         raise HTTPException(
             status.HTTP_409_CONFLICT, detail=f"dataset {dataset_id!r} is {row.status}, not built"

@@ -7,21 +7,29 @@ the trainer alone (signed reports), is never relayed, and is left out of the Ope
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
+from pydantic import BaseModel
 from sqlalchemy.engine import Engine
 
-from services.scheduler import jobs, usage
+from services.scheduler import budgets, jobs, usage
 from services.scheduler.lifecycle import Scheduler
 from services.scheduler.protocol import (
+    Budget,
+    BudgetUpdate,
     CheckpointList,
     Job,
     JobCreate,
     JobEventList,
     JobList,
+    RetrainPolicy,
+    RetrainPolicyCreate,
+    RetrainPolicyList,
+    RetrainPolicyUpdate,
     Usage,
 )
+from services.scheduler.retrain import Retrainer
 from services.scheduler.webhooks import ReportReceiver
 from shared import auth
 from shared.db import get_engine, session_scope
@@ -149,6 +157,103 @@ async def training_usage(
     prices (an attempt still running counts up to now)."""
     with session_scope(engine) as session:
         return usage.usage(session, scheduler.pool, tenant=principal.tenant_id, since=since)
+
+
+@router.get("/budget", response_model=Budget, summary="This month's training budget")
+def get_budget(principal: Reader, engine: EngineDep, scheduler: SchedulerDep) -> Budget:
+    """The caller's monthly cap (its own, the platform's, the one that applies), what this
+    calendar month (UTC) has cost so far and when it resets."""
+    with session_scope(engine) as session:
+        return budgets.budget(
+            session,
+            scheduler.pool,
+            tenant=principal.tenant_id,
+            platform_cap=scheduler.settings.tenant_monthly_cap,
+        )
+
+
+@router.put("/budget", response_model=Budget, summary="Set this tenant's monthly cap")
+def put_budget(
+    body: BudgetUpdate,
+    principal: Annotated[auth.Principal, Depends(auth.require_scope("admin"))],
+    engine: EngineDep,
+    scheduler: SchedulerDep,
+) -> Budget:
+    """An admin key sets (or, with null, removes) the tenant's own cap; past the cap that
+    applies, new jobs are refused with 429 until the month ends."""
+    with session_scope(engine) as session:
+        budgets.set_cap(session, tenant=principal.tenant_id, cap=body.monthly_cost_cap)
+        return budgets.budget(
+            session,
+            scheduler.pool,
+            tenant=principal.tenant_id,
+            platform_cap=scheduler.settings.tenant_monthly_cap,
+        )
+
+
+async def get_retrainer(request: Request) -> Retrainer:
+    retrainer: Retrainer = request.app.state.retrainer
+    return retrainer
+
+
+RetrainerDep = Annotated[Retrainer, Depends(get_retrainer)]
+POLICIES = "/retrain_policies"
+
+
+class PolicyDeleted(BaseModel):
+    id: str
+    object: Literal["fine_tuning.retrain_policy.deleted"] = "fine_tuning.retrain_policy.deleted"
+    deleted: bool = True
+
+
+@router.post(POLICIES, response_model=RetrainPolicy, summary="Create a retrain policy")
+async def create_policy(
+    body: RetrainPolicyCreate, principal: auth.WriterDep, retrainer: RetrainerDep
+) -> RetrainPolicy:
+    """Train the next version from new traffic by itself: `source` (ingest's sample filter) and
+    its `cleaning` / `split` are checked by ingest now, the job template like a job's."""
+    return await retrainer.create(principal.tenant_id, body)
+
+
+@router.get(POLICIES, response_model=RetrainPolicyList, summary="The tenant's retrain policies")
+def list_policies(principal: Reader, retrainer: RetrainerDep) -> RetrainPolicyList:
+    return RetrainPolicyList(data=retrainer.policies(principal.tenant_id))
+
+
+@router.get(POLICIES + "/{policy_id}", response_model=RetrainPolicy, summary="A retrain policy")
+def get_policy(policy_id: str, principal: Reader, retrainer: RetrainerDep) -> RetrainPolicy:
+    return retrainer.get(principal.tenant_id, policy_id)
+
+
+@router.post(
+    POLICIES + "/{policy_id}", response_model=RetrainPolicy, summary="Update a retrain policy"
+)
+def update_policy(
+    policy_id: str, body: RetrainPolicyUpdate, principal: auth.WriterDep, retrainer: RetrainerDep
+) -> RetrainPolicy:
+    """Enable or disable it, change its trigger or `auto_deploy`."""
+    return retrainer.update(principal.tenant_id, policy_id, body)
+
+
+@router.delete(
+    POLICIES + "/{policy_id}", response_model=PolicyDeleted, summary="Delete a retrain policy"
+)
+def delete_policy(
+    policy_id: str, principal: auth.WriterDep, retrainer: RetrainerDep
+) -> PolicyDeleted:
+    """The datasets and jobs it started stay."""
+    retrainer.delete(principal.tenant_id, policy_id)
+    return PolicyDeleted(id=policy_id)
+
+
+@router.post(
+    POLICIES + "/{policy_id}/run", response_model=RetrainPolicy, summary="Run a policy now"
+)
+async def run_policy(
+    policy_id: str, principal: auth.WriterDep, retrainer: RetrainerDep
+) -> RetrainPolicy:
+    """Whatever its trigger says; 409 while the job of its last run has not ended."""
+    return await retrainer.run_now(principal.tenant_id, policy_id)
 
 
 @internal.post("/trainer/{job_id}/reports", status_code=status.HTTP_204_NO_CONTENT)

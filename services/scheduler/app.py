@@ -12,12 +12,15 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from services.scheduler import api, handlers
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.jobs import JobError
-from services.scheduler.ladder import ProviderPool, load_ladder
+from services.scheduler.ladder import ProviderPool, check_reachable, load_ladder
 from services.scheduler.lifecycle import Scheduler
+from services.scheduler.retrain import Retrainer
+from services.scheduler.traffic import Traffic
 from services.scheduler.webhooks import ReportReceiver
 from shared import bus
 from shared.events import Event
@@ -38,6 +41,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         f"http://{common.app.bind_host}:{common.services.port_of('ingest')}"
     )
 
+    ladder = load_ladder(own.providers_file)
+    check_reachable(ladder, own.public_url)
+
     async def publish(event: Event) -> None:
         await bus.publish(runtime.broker, event)
 
@@ -45,7 +51,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine=runtime.engine,
         store=ObjectStore.from_settings(common.s3),
         publish=publish,
-        pool=ProviderPool(load_ladder(own.providers_file)),
+        pool=ProviderPool(ladder),
         settings=own,
         data_dir=common.app.data_dir.resolve(),
         webhook_base=runtime.address,
@@ -57,8 +63,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         nonces=SqlNonceStore(runtime.engine),
         tolerance_s=common.auth.signature_tolerance_s,
     )
+    retrainer = Retrainer(
+        engine=runtime.engine,
+        scheduler=scheduler,
+        traffic=Traffic(scheduler.http, ingest_url, common.auth.service_token.get_secret_value()),
+        publish=publish,
+    )
     runtime.include_router(handlers.build_router(scheduler))
-    poller = _Poller(scheduler, own.poll_interval_s)
+    poller = _Poller(scheduler, retrainer, own.poll_interval_s, own.retrain_interval_s)
     runtime.on_lifecycle(poller.start, poller.stop)
     app = runtime.build_app(
         api.router,
@@ -68,8 +80,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api.internal)
     app.add_exception_handler(JobError, _job_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.state.scheduler = scheduler
     app.state.reports = reports
+    app.state.retrainer = retrainer
     return app
 
 
@@ -85,6 +99,14 @@ async def _job_error(request: Request, exc: JobError) -> JSONResponse:
     return JSONResponse(_openai_error(exc.status, str(exc), exc.param, exc.code), exc.status)
 
 
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """The key refused (401, 403 from shared.auth) or a route not found, in OpenAI's shape too,
+    so the SDK's exception says why."""
+    code = {401: "invalid_api_key", 403: "insufficient_scope", 404: "not_found"}
+    body = _openai_error(exc.status_code, str(exc.detail), None, code.get(exc.status_code, ""))
+    return JSONResponse(body, exc.status_code, headers=exc.headers)
+
+
 async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = jsonable_encoder(exc.errors())
     fields = [".".join(str(p) for p in e["loc"] if p != "body") or "body" for e in errors]
@@ -96,20 +118,26 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> JSO
 
 class _Poller:
     """Checks the live attempts every few seconds (ended, overdue, silent) and places queued
-    jobs (attempts.py)."""
+    jobs (attempts.py); checks the retrain policies for new traffic, less often (retrain.py)."""
 
-    def __init__(self, scheduler: Scheduler, interval_s: float) -> None:
-        self.scheduler, self.interval_s = scheduler, interval_s
-        self.task: asyncio.Task[None] | None = None
+    def __init__(
+        self, scheduler: Scheduler, retrainer: Retrainer, interval_s: float, retrain_s: float
+    ) -> None:
+        self.scheduler, self.retrainer = scheduler, retrainer
+        self.interval_s, self.retrain_s = interval_s, retrain_s
+        self.tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        self.task = asyncio.create_task(self._run(), name="scheduler-attempts")
+        self.tasks = [
+            asyncio.create_task(self._run(), name="scheduler-attempts"),
+            asyncio.create_task(self._retrain(), name="scheduler-retrain"),
+        ]
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
+        for task in self.tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self.task
+                await task
         await self.scheduler.attempts.drain()
         await self.scheduler.http.aclose()
 
@@ -120,3 +148,11 @@ class _Poller:
             except Exception:  # the database away, say: said, and tried again next round
                 log.exception("checking running attempts failed")
             await asyncio.sleep(self.interval_s)
+
+    async def _retrain(self) -> None:
+        while True:
+            await asyncio.sleep(self.retrain_s)
+            try:
+                await self.retrainer.check()
+            except Exception:  # said, and tried again next round
+                log.exception("checking retrain policies failed")

@@ -6,8 +6,9 @@ the highest is the current one. Every attempt writes under its own prefix
 current attempt only (webhooks.py): an old attempt still finishing a step can never make its
 checkpoint the one the job goes on from.
 
-- Placing: queued jobs, oldest first, at most `tenant_max_running` of a tenant at once, each on
-  the first rung of the ladder (by priority) with room (`capacity` live attempts). A job that
+- Placing (placement.py decides): queued jobs, each free place to the highest priority and,
+  among those, the tenant running fewest, at most `tenant_max_running` of a tenant at once, each on the first rung of the ladder (by
+  priority) with room (`capacity` live attempts) and a device count that holds it. A job that
   fits nowhere now waits, queued.
 - Watching, every poll: an attempt past its provider's `max_runtime_s` less the lead time is
   rolled over (SIGTERM: the trainer checkpoints and exits, and the next attempt resumes there);
@@ -25,10 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import uuid
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,32 +36,38 @@ from typing import Any, Literal
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from services.scheduler import jobs, memory
+from services.scheduler import budgets, jobs
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.ladder import ProviderPool, ProviderSpec
-from services.scheduler.memory import training_memory
-from services.scheduler.models import AttemptRow, CheckpointRow, JobRow
-from services.scheduler.protocol import TERMINAL
+from services.scheduler.models import AttemptRow, CheckpointRow, JobEventRow, JobRow
+from services.scheduler.placement import LiveAttempt, QueuedJob, place
+from services.scheduler.protocol import TERMINAL, EventLevel
 from services.scheduler.providers import TRAINER, Handle, LaunchSpec, Status
-from shared import catalogue
 from shared.db import session_scope, utcnow
-from shared.events import Event, JobAssigned, JobRolledOver
+from shared.events import Event, JobAssigned, JobRolledOver, TrainingCompleted
 from shared.reports import (
     CheckpointSavedReport,
     CompletedReport,
     FailedReport,
     ProgressReport,
+    StartedReport,
     TrainerReport,
 )
 
 log = logging.getLogger("tuneloop.scheduler.attempts")
 Publish = Callable[[Event], Awaitable[None]]
-# (job, attempt id, the attempt's output prefix) -> the trainer's config document.
-TrainerConfig = Callable[[JobRow, str, str], dict[str, Any]]
-StopReason = Literal["rollover", "pause", "cancel", "heartbeat"]
+# (job, attempt id, the attempt's output prefix, the base URL its reports go to) -> the
+# trainer's config document.
+TrainerConfig = Callable[[JobRow, str, str, str], dict[str, Any]]
+# Older checkpoints an attempt may fall back to when the newest fails its check (the trainer's
+# --resume-fallback), newest first.
+RESUME_FALLBACKS = 3
+StopReason = Literal["rollover", "pause", "cancel", "heartbeat", "budget", "early_stop"]
+# Stops that end training where the trainer checkpoints, keeping the best (no next attempt).
+FINISHING: frozenset[str] = frozenset({"budget", "early_stop"})
 
 LIVE = ("pending", "running")
-_PRIORITY_ORDER = {"urgent": 0, "normal": 1, "batch": 2}
+_ENDS_HERE = "training ends at the checkpoint the trainer saves now, and the best one is kept"
 # Failures the trainer reports that a new attempt would only repeat.
 PERMANENT_FAILURES = frozenset({"bad_config", "bad_dataset"})
 
@@ -108,6 +113,8 @@ class Attempts:
     # Scheduler.fail: (job id, code, message).
     fail: Callable[[str, str, str], Awaitable[None]]
     trainer_env: dict[str, str] = field(default_factory=dict)
+    # The scheduler's own address: where a local rung's trainers report (ladder.reports_base).
+    own_address: str = "http://127.0.0.1"
     trainer_command: tuple[str, ...] = TRAINER
     _stops: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _refusals: set[tuple[str, str]] = field(default_factory=set)
@@ -119,9 +126,9 @@ class Attempts:
         """Start an attempt for every queued job that may run now (once at a time: two passes
         at once could both see the same free rung)."""
         async with self._placing:
-            for job_id, rung in await asyncio.to_thread(self._placements):
+            for job_id, rung, devices in await asyncio.to_thread(self._placements):
                 try:
-                    await self._launch(job_id, rung)
+                    await self._launch(job_id, rung, devices)
                 except Exception as exc:  # the provider refused or is away: the job waits
                     said = f"Provider {rung.name} refused the attempt: {exc}"
                     if (job_id, said) not in self._refusals:  # said once, not every poll
@@ -129,52 +136,37 @@ class Attempts:
                         log.warning("job %s: %s", job_id, said)
                         await asyncio.to_thread(self._note, job_id, said)
 
-    def _placements(self) -> list[tuple[str, ProviderSpec]]:
+    def _placements(self) -> list[tuple[str, ProviderSpec, int]]:
+        """The queue and the live attempts, read at once; placement.py decides."""
         with session_scope(self.engine) as session:
-            queued = sorted(
-                session.exec(
-                    select(JobRow)
-                    .where(JobRow.status == "queued", col(JobRow.plan).is_not(None))
-                    .order_by(col(JobRow.created_at), col(JobRow.id))
-                ).all(),
-                key=lambda row: _PRIORITY_ORDER.get(row.priority, 1),  # stable: FIFO within
-            )
-            live = session.exec(select(AttemptRow).where(col(AttemptRow.state).in_(LIVE))).all()
-            tenants = {row.id: row.tenant for row in queued}
-            busy_jobs = {attempt.job_id for attempt in live}
-            per_rung = Counter(attempt.provider for attempt in live)
-            per_tenant = Counter(self._tenant_of(session, a.job_id, tenants) for a in live)
-        placements = []
-        batch_may_start = self.settings.in_batch_window(utcnow().hour)
-        for job in queued:
-            if job.id in busy_jobs or per_tenant[job.tenant] >= self.settings.tenant_max_running:
-                continue
-            if job.priority == "batch" and not batch_may_start:
-                continue  # held to the batch window
-            room = [r for r in self.pool.ordered() if per_rung[r.name] < r.capacity]
-            if not room:
-                break  # every rung is full: the rest wait their turn
-            rung = next((r for r in room if plan_fits(job, r)), None)
-            if rung is None:
-                continue  # a rung it fits is busy (create refused jobs that fit none)
-            placements.append((job.id, rung))
-            per_rung[rung.name] += 1
-            per_tenant[job.tenant] += 1
-        return placements
+            queued = session.exec(
+                select(JobRow).where(JobRow.status == "queued", col(JobRow.plan).is_not(None))
+            ).all()
+            live = session.exec(
+                select(AttemptRow.job_id, AttemptRow.provider, JobRow.tenant)
+                .join(JobRow, col(JobRow.id) == col(AttemptRow.job_id), isouter=True)
+                .where(col(AttemptRow.state).in_(LIVE))
+            ).all()
+            waiting = [QueuedJob.of(row) for row in queued]
+        decided = place(
+            waiting,
+            [LiveAttempt(job_id, provider, tenant or "") for job_id, provider, tenant in live],
+            self.pool.ordered(),
+            settings=self.settings,
+            now=utcnow(),
+        )
+        return [(p.job_id, p.rung, p.device_count) for p in decided]
 
-    @staticmethod
-    def _tenant_of(session: Session, job_id: str, known: dict[str, str]) -> str:
-        if job_id not in known:
-            row = session.get(JobRow, job_id)
-            known[job_id] = row.tenant if row is not None else ""
-        return known[job_id]
-
-    async def _launch(self, job_id: str, rung: ProviderSpec) -> None:
+    async def _launch(self, job_id: str, rung: ProviderSpec, devices: int) -> None:
         attempt_id = f"attempt-{uuid.uuid4().hex[:12]}"
-        job, previous, resume_from, halvings = await asyncio.to_thread(self._next_attempt, job_id)
+        job, previous, checkpoints, halvings = await asyncio.to_thread(self._next_attempt, job_id)
         if job.status != "queued":
             return  # paused or cancelled meanwhile
-        config = self.trainer_config(job, attempt_id, f"{self.output_prefix(job)}/{attempt_id}")
+        resume_from = checkpoints[0] if checkpoints else None
+        reports = rung.reports_base(self.settings.public_url, self.own_address)
+        config = self.trainer_config(
+            job, attempt_id, f"{self.output_prefix(job)}/{attempt_id}", reports
+        )
         rate = config["hyperparameters"].get("learning_rate")
         if halvings and rate is not None:  # a NaN loss before: go on more gently
             config["hyperparameters"]["learning_rate"] = rate * 0.5**halvings
@@ -185,18 +177,20 @@ class Attempts:
             config=config,
             work_dir=self.work_root / job.id / attempt_id,
             resume_from=resume_from,
+            resume_fallbacks=tuple(checkpoints[1 : 1 + RESUME_FALLBACKS]),
             env=self.trainer_env,
             device=rung.device,
-            device_count=rung.device_count,
+            device_count=devices,
             max_runtime_s=rung.max_runtime_s,
             command=self.trainer_command,
         )
         handle = await asyncio.to_thread(self.pool.get(rung.name).submit, spec)
         number = (previous.number + 1) if previous is not None else 1
         await asyncio.to_thread(
-            self._record, job.id, attempt_id, number, handle, resume_from, halvings, previous
-        )
-        resources = {"device": rung.device, "device_count": rung.device_count}
+            self._record, job.id, attempt_id, number, handle, resume_from, halvings, previous,
+            rung, devices,
+        )  # fmt: skip
+        resources = {"device": rung.device, "device_count": devices}
         await self.publish(
             JobAssigned(
                 tenant=job.tenant,
@@ -219,9 +213,9 @@ class Attempts:
                 )
             )
 
-    def _next_attempt(self, job_id: str) -> tuple[JobRow, AttemptRow | None, str | None, int]:
-        """The job, its latest attempt, the checkpoint to go on from, and how many times the
-        learning rate is halved (once per attempt that ended in a NaN loss)."""
+    def _next_attempt(self, job_id: str) -> tuple[JobRow, AttemptRow | None, list[str], int]:
+        """The job, its latest attempt, its checkpoints to go on from (newest first), and how
+        many times the learning rate is halved (once per attempt that ended in a NaN loss)."""
         with session_scope(self.engine) as session:
             job = session.get(JobRow, job_id)
             assert job is not None
@@ -230,14 +224,15 @@ class Attempts:
                 .where(AttemptRow.job_id == job_id)
                 .order_by(col(AttemptRow.number).desc())
             ).all()
-            checkpoint = session.exec(
-                select(CheckpointRow)
+            checkpoints = session.exec(
+                select(CheckpointRow.uri)
                 .where(CheckpointRow.job_id == job_id, col(CheckpointRow.pruned).is_(False))
                 .order_by(col(CheckpointRow.step).desc())
-            ).first()
+                .limit(1 + RESUME_FALLBACKS)
+            ).all()
             halvings = sum(1 for a in attempts if a.failure == "nan_loss")
             previous = attempts[0] if attempts else None
-            return job, previous, checkpoint.uri if checkpoint else None, halvings
+            return job, previous, list(checkpoints), halvings
 
     def _record(
         self,
@@ -248,6 +243,8 @@ class Attempts:
         resume_from: str | None,
         halvings: int,
         previous: AttemptRow | None,
+        rung: ProviderSpec,
+        devices: int,
     ) -> None:
         with session_scope(self.engine) as session:
             session.add(
@@ -260,6 +257,10 @@ class Attempts:
                     work_dir=handle.work_dir,
                     state="pending",
                     resume_from=resume_from,
+                    # What it runs on and at what price, kept: the ladder may change.
+                    device=rung.device,
+                    device_count=devices,
+                    cost_per_hour=rung.cost_per_hour,
                 )
             )
             session.commit()
@@ -287,6 +288,13 @@ class Attempts:
         if attempt.stop_requested is not None:
             self._ensure_stopping(attempt)  # asked before a restart: ask again
             return
+        limit = await asyncio.to_thread(self._limit_reached, attempt.job_id)
+        if limit is not None:
+            await asyncio.to_thread(
+                self._note, attempt.job_id, f"Stopping: {limit}; {_ENDS_HERE}", "info"
+            )
+            await self.request_stop(attempt, "budget")
+            return
         why = self._overdue(attempt, status)
         if why is not None:
             await self.request_stop(attempt, why)
@@ -304,6 +312,13 @@ class Attempts:
             if (now - heard).total_seconds() >= self.settings.heartbeat_timeout_s:
                 return "heartbeat"
         return None
+
+    def _limit_reached(self, job_id: str) -> str | None:
+        with session_scope(self.engine) as session:
+            job = session.get(JobRow, job_id)
+            if job is None:
+                return None
+            return budgets.job_limit_reached(session, self.pool, job)
 
     def _set_state(self, attempt_id: str, state: str) -> None:
         with session_scope(self.engine) as session:
@@ -360,6 +375,9 @@ class Attempts:
             return
         if ended.stop_requested == "cancel":
             return
+        if ended.stop_requested in FINISHING:
+            await self.finish_training(job.id)
+            return
         if ended.stop_requested == "pause" or job.status == "paused":
             await asyncio.to_thread(self._paused, job.id, ended)
             return
@@ -386,8 +404,30 @@ class Attempts:
             return session.get(JobRow, job_id)
 
     async def _go_on(self, job: JobRow, ended: AttemptRow) -> None:
-        """Queue the job for its next attempt, or fail it once it has failed too often."""
+        """Queue the job for its next attempt, or fail it once it has failed too often; a job
+        whose budget is spent ends its training instead."""
+        limit = await asyncio.to_thread(self._limit_reached, job.id)
+        if limit is not None:
+            await asyncio.to_thread(
+                self._note,
+                job.id,
+                f"Attempt {ended.number} ended and {limit}; {_ENDS_HERE}",
+                "info",
+            )
+            await self.finish_training(job.id)
+            return
         verdict = ending(ended)
+        idle = await asyncio.to_thread(self._idle_rollovers, job.id)
+        if idle >= self.settings.max_failed_attempts:
+            await self.fail(
+                job.id,
+                "no_progress",
+                f"its last {idle} attempts were rolled over before they trained a step: the "
+                f"{ended.provider} provider's max_runtime_s less the rollover lead "
+                f"({self.settings.rollover_lead_s:g} s) leaves too little time after the "
+                "trainer's start-up",
+            )
+            return
         failures = await asyncio.to_thread(self._failures, job.id)
         if failures and len(failures) >= self.settings.max_failed_attempts:
             said = "; ".join(f"attempt {n}: {why}" for n, why in failures)
@@ -398,6 +438,22 @@ class Attempts:
             )
             return
         await asyncio.to_thread(self._requeue, job.id, ended, verdict)
+
+    def _idle_rollovers(self, job_id: str) -> int:
+        """Attempts in a row, the latest first, rolled over before they trained a step (one now
+        and then is a slow start; every time, a rung too short for this job would go on
+        forever)."""
+        idle = 0
+        with session_scope(self.engine) as session:
+            for attempt in session.exec(
+                select(AttemptRow)
+                .where(AttemptRow.job_id == job_id)
+                .order_by(col(AttemptRow.number).desc())
+            ):
+                if attempt.stop_requested != "rollover" or attempt.last_step is not None:
+                    break
+                idle += 1
+        return idle
 
     def _failures(self, job_id: str) -> list[tuple[int, str]]:
         with session_scope(self.engine) as session:
@@ -422,7 +478,7 @@ class Attempts:
                 job_id,
                 f"Attempt {ended.number} ended: {verdict.why}{counted}; the job goes on in a "
                 "new attempt from its newest checkpoint",
-                level="warning" if verdict.counts else "info",
+                level="warn" if verdict.counts else "info",
             )
 
     def _paused(self, job_id: str, ended: AttemptRow) -> None:
@@ -433,6 +489,72 @@ class Attempts:
                 f"Paused: attempt {ended.number} stopped after step {ended.last_step}; resume "
                 "goes on from its checkpoint",
             )
+
+    # --- ending training before its last step ----------------------------------------------------
+
+    async def finish_training(self, job_id: str) -> None:
+        """End the job's training at its newest checkpoint (a budget spent, an early stop): the
+        evaluator scores what is due up to it and decides, as after a trainer's own last step.
+        With no checkpoint there is nothing to keep, and the job fails saying so."""
+        found = await asyncio.to_thread(self._finishing, job_id)
+        if found == "finished":
+            return  # a redelivered early stop, a poll after a restart
+        if found is None:
+            await self.fail(
+                job_id,
+                "stopped_before_checkpoint",
+                "training was stopped (budget or early stop) before it saved any checkpoint",
+            )
+            return
+        job, attempt, checkpoint = found
+        await self.publish(
+            TrainingCompleted(
+                # One id per attempt: finishing twice (a redelivery, a restart) publishes once.
+                event_id=_finish_id(attempt.id),
+                tenant=job.tenant,
+                job_id=job.id,
+                attempt_id=attempt.id,
+                artifact_uri=checkpoint.uri,
+                last_step=checkpoint.step,
+                last_checkpoint_uri=checkpoint.uri,
+                trained_tokens=job.trained_tokens,
+            )
+        )
+        # After the publish: a crash in between publishes again (the same id, so once).
+        with session_scope(self.engine) as session:
+            jobs.add_event(
+                session,
+                job_id,
+                f"Training ended at step {checkpoint.step}; waiting for the final evaluation",
+                event_id=_finish_id(attempt.id),
+            )
+
+    def _finishing(
+        self, job_id: str
+    ) -> tuple[JobRow, AttemptRow, CheckpointRow] | Literal["finished"] | None:
+        with session_scope(self.engine) as session:
+            job = session.get(JobRow, job_id)
+            attempt = self.current(session, job_id)
+            if attempt is not None and session.get(JobEventRow, _finish_id(attempt.id)) is not None:
+                return "finished"
+            checkpoint = session.exec(
+                select(CheckpointRow)
+                .where(CheckpointRow.job_id == job_id, col(CheckpointRow.pruned).is_(False))
+                .order_by(col(CheckpointRow.step).desc())
+            ).first()
+            if job is None or attempt is None or checkpoint is None or job.status in TERMINAL:
+                return None
+            job.status = "running"  # evaluating what it trained (from queued or paused too)
+            tokens = max((a.tokens_last or 0 for a in self._attempts(session, job_id)), default=0)
+            job.trained_tokens = tokens or job.trained_tokens
+            session.add(job)
+            session.commit()
+            session.refresh(job)
+            return job, attempt, checkpoint
+
+    @staticmethod
+    def _attempts(session: Session, job_id: str) -> list[AttemptRow]:
+        return list(session.exec(select(AttemptRow).where(AttemptRow.job_id == job_id)).all())
 
     # --- what the API and the reports change -----------------------------------------------------
 
@@ -477,6 +599,11 @@ class Attempts:
             if step is not None:
                 current.first_step = step if current.first_step is None else current.first_step
                 current.last_step = max(step, current.last_step or 0)
+            if isinstance(report, StartedReport) and report.trained_tokens is not None:
+                current.tokens_start = report.trained_tokens
+            tokens = getattr(report, "trained_tokens", None)
+            if isinstance(report, ProgressReport | CompletedReport) and tokens is not None:
+                current.tokens_last = max(tokens, current.tokens_last or 0)
             if isinstance(report, CompletedReport):
                 current.completed = True
             elif isinstance(report, FailedReport) and report.reason != "interrupted":
@@ -486,29 +613,15 @@ class Attempts:
             session.commit()
             return True
 
-    def _note(self, job_id: str, message: str) -> None:
+    def _note(self, job_id: str, message: str, level: EventLevel = "warn") -> None:
         with session_scope(self.engine) as session:
-            jobs.add_event(session, job_id, message, level="warning")
+            jobs.add_event(session, job_id, message, level=level)
 
 
-def plan_fits(job: JobRow, rung: ProviderSpec) -> bool:
-    """Whether the job's plan (rows a micro-batch, row length, method) fits the rung's devices;
-    true when the job's model or plan cannot be sized (a tenant's own model, an older plan)."""
-    entry = catalogue.CATALOGUE.get(job.model)
-    trainer = json.loads(job.plan or b"{}").get("trainer", {})
-    hyper = trainer.get("hyperparameters", {})
-    if entry is None or "micro_batch_size" not in hyper or "max_seq_len" not in hyper:
-        return True
-    estimate = training_memory(
-        entry,
-        method=trainer.get("method", "lora"),
-        precision=memory.device_precision(rung.device),
-        rows=int(hyper["micro_batch_size"]),
-        row_len=int(hyper["max_seq_len"]),
-        devices=rung.device_count,
-        lora_rank=int(trainer.get("lora", {}).get("rank", 16)),
-    )
-    return memory.fits(estimate, rung.device_memory_gib)
+def _finish_id(attempt_id: str) -> str:
+    """The id of the end of training at an attempt's checkpoint: finishing twice (a redelivered
+    early stop, a restart) publishes and notes it once."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"{attempt_id}/finish").hex
 
 
 def _step_of(report: TrainerReport) -> int | None:

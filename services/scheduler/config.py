@@ -38,6 +38,9 @@ class SchedulerSettings(BaseSettings):
     cancel_grace_s: float = Field(default=30.0, gt=0)
     # How often running attempts are polled for an exit the trainer could not report.
     poll_interval_s: float = Field(default=2.0, gt=0)
+    # The scheduler's base URL as trainers on other machines reach it (a Kubernetes or SkyPilot
+    # rung's), for their reports; a rung's `report_url` wins. None: local trainers only.
+    public_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
     # The ingest service, for dataset builds of uploaded files (default: the local stack's).
     ingest_url: str | None = None
     # The GPU ladder (ladder.py); None: the local provider alone.
@@ -51,8 +54,13 @@ class SchedulerSettings(BaseSettings):
     # A running attempt that has not reported for this long is taken for lost (a hung trainer,
     # a node gone quiet): stopped, and the job goes on in a new attempt.
     heartbeat_timeout_s: float = Field(default=900.0, gt=0)
-    # Jobs of one tenant running at once; the rest wait queued, first come first served.
+    # Jobs of one tenant running at once; the rest wait queued (placement.py says in what order).
     tenant_max_running: int = Field(default=2, ge=1)
+    # The most any tenant's training may cost a calendar month (UTC), in USD at the ladder's
+    # prices; a tenant's admin may set a lower cap of its own (budgets.py). None: no cap.
+    tenant_monthly_cap: float | None = Field(default=None, ge=0)
+    # How often retrain policies are checked for new traffic (retrain.py).
+    retrain_interval_s: float = Field(default=30.0, gt=0)
     # When `batch` jobs may start, UTC hours "start-end" (e.g. "22-6": overnight); None: any time.
     batch_window: str | None = Field(default=None, pattern=r"^([01]?\d|2[0-3])-([01]?\d|2[0-4])$")
 

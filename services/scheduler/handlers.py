@@ -1,4 +1,4 @@
-"""Event subscribers of the scheduler: datasets built, evaluations, registrations.
+"""Event subscribers of the scheduler: datasets built, evaluations, early stops, registrations.
 
 Each validates (FastStream, from the event class), calls the Scheduler and returns; a raise is
 retried by the bus with backoff (shared/redelivery.py), so every call is idempotent.
@@ -17,6 +17,7 @@ from shared.events import (
     DatasetBuilt,
     EvalCompleted,
     EvalDecided,
+    JobEarlyStopRequested,
     ModelRegistered,
 )
 
@@ -49,6 +50,10 @@ def build_router(scheduler: Scheduler) -> NatsRouter:
     @bus.subscribe(router, EvalDecided, service=SERVICE)
     async def decided(event: EvalDecided) -> None:
         await scheduler.on_eval(event)
+
+    @bus.subscribe(router, JobEarlyStopRequested, service=SERVICE)
+    async def early_stop(event: JobEarlyStopRequested) -> None:
+        await scheduler.early_stop(event)
 
     @bus.subscribe(router, ModelRegistered, service=SERVICE)
     async def registered(event: ModelRegistered) -> None:

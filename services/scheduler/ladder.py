@@ -73,8 +73,17 @@ class ProviderSpec(_Strict):
     # The longest one attempt may run there (a serverless limit, a queue's time limit); None:
     # unlimited. The scheduler rolls the job over to a new attempt before it.
     max_runtime_s: float | None = Field(default=None, gt=0)
+    # The scheduler's base URL as this rung's trainers reach it, for their reports; None:
+    # TUNELOOP_SCHEDULER_PUBLIC_URL, and for a local rung the scheduler's own address.
+    report_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
     kubernetes: KubernetesOptions | None = None
     skypilot: SkyPilotOptions | None = None
+
+    def reports_base(self, public_url: str | None, own_address: str) -> str:
+        """Where this rung's trainers send their reports (`.../internal/trainer/<job>/...`): a
+        local trainer reaches the scheduler's own address, a remote one its public URL."""
+        remote = public_url if self.kind != "local" else None
+        return (self.report_url or remote or own_address).rstrip("/")
 
     @model_validator(mode="after")
     def _options_of_its_kind(self) -> ProviderSpec:
@@ -103,6 +112,18 @@ class Ladder(_Strict):
 
 class LadderError(ValueError):
     """The providers file cannot be read; the message names the file and the field."""
+
+
+def check_reachable(ladder: Ladder, public_url: str | None) -> None:
+    """A trainer on another machine cannot report to the scheduler's own (loopback) address:
+    refuse a remote rung that has no URL to report to, naming the field."""
+    for i, rung in enumerate(ladder.providers):
+        if rung.kind != "local" and rung.report_url is None and public_url is None:
+            raise LadderError(
+                f"providers[{i}].report_url: the {rung.kind} rung {rung.name!r} runs trainers on "
+                "other machines, which cannot reach the scheduler's own address; set its "
+                "report_url or TUNELOOP_SCHEDULER_PUBLIC_URL (the scheduler's URL as they reach it)"
+            )
 
 
 LOCAL_ONLY = Ladder(providers=[ProviderSpec(name="local", kind="local")])

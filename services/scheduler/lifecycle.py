@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from services.scheduler import datasets, jobs, memory, planning
+from services.scheduler import budgets, datasets, jobs, memory, planning
 from services.scheduler.attempts import Attempts
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.jobs import JobError
@@ -42,6 +42,7 @@ from shared.events import (
     Event,
     JobCancelled,
     JobCreated,
+    JobEarlyStopRequested,
     JobFailed,
     JobPlanned,
     JobQueued,
@@ -81,6 +82,7 @@ class Scheduler:
             trainer_config=self._trainer_config,
             fail=self.fail,
             trainer_env=trainer_env(self.settings.trainer_threads),
+            own_address=self.webhook_base,
         )
 
     # --- accepting a job ------------------------------------------------------------------
@@ -88,14 +90,7 @@ class Scheduler:
     async def create(
         self, request: JobCreate, *, tenant: str, authorization: dict[str, str]
     ) -> JobRow:
-        try:
-            catalogue.check_base_model(
-                request.model, tenant=tenant, bucket=self.store.bucket, field="model"
-            )
-            entry = catalogue.get_entry(request.model, field="model")
-        except catalogue.CatalogueError as exc:
-            raise JobError(422, str(exc), param="model") from None
-        self._check_fits(entry)
+        await self.check_new_job(request.model, tenant=tenant)
         job_id = jobs.new_job_id()
         dataset = await datasets.resolve(
             self.http,
@@ -106,32 +101,65 @@ class Scheduler:
             training_file=request.training_file,
             validation_file=request.validation_file,
         )
+        return await self.accept(job_id, request, tenant=tenant, dataset=dataset)
+
+    async def check_new_job(self, model: str, *, tenant: str) -> None:
+        """What refuses a new job before its data is looked at: a model outside the catalogue
+        (422), one that fits no rung (422), the tenant's month's budget spent (429)."""
+        self.check_model(model, tenant=tenant)
+        await asyncio.to_thread(self._check_budget, tenant)
+
+    def check_model(self, model: str, *, tenant: str, param: str = "model") -> None:
+        try:
+            catalogue.check_base_model(model, tenant=tenant, bucket=self.store.bucket, field=param)
+            entry = catalogue.get_entry(model, field=param)
+        except catalogue.CatalogueError as exc:
+            raise JobError(422, str(exc), param=param) from None
+        self._check_fits(entry, param)
+
+    async def accept(
+        self,
+        job_id: str,
+        request: JobCreate,
+        *,
+        tenant: str,
+        dataset: datasets.DatasetRef,
+        note: str | None = None,
+    ) -> JobRow:
+        """Record the job on its dataset (`note`: a first event saying who started it) and plan
+        it now if the dataset is built; else it waits for `dataset.built`."""
 
         def insert() -> JobRow:
             with session_scope(self.engine) as session:
                 row = jobs.create(
                     session, job_id=job_id, tenant=tenant, request=request, dataset_id=dataset.id
                 )
+                if note is not None:
+                    jobs.add_event(session, job_id, note)
                 jobs.add_event(
                     session, job_id, f"Validating training file: {request.training_file}"
                 )
                 return row
 
         row = await asyncio.to_thread(insert)
+        await self.dataset_status(row.id, dataset)
+        return row
+
+    async def dataset_status(self, job_id: str, dataset: datasets.DatasetRef) -> None:
+        """Act on what the job's dataset is now: built, plan it (once); failed, fail it."""
         if dataset.status == "built" and dataset.uri:
-            task = asyncio.create_task(self._start_logged(row.id, dataset.uri))
+            task = asyncio.create_task(self._start_logged(job_id, dataset.uri))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         elif dataset.status == "failed":
             await self.fail(
-                row.id,
+                job_id,
                 "invalid_training_file",
                 f"dataset {dataset.id} failed to build",
                 "training_file",
             )
-        return row
 
-    def _check_fits(self, entry: catalogue.CatalogueEntry) -> None:
+    def _check_fits(self, entry: catalogue.CatalogueEntry, param: str = "model") -> None:
         """Refuse (422, with the numbers) a model whose smallest run fits no rung of the ladder."""
         shortfalls = []
         for rung in self.pool.ordered():
@@ -144,11 +172,17 @@ class Scheduler:
             )
         raise JobError(
             422,
-            f"model: {entry.id} fits no provider of the ladder even in its smallest LoRA run "
+            f"{param}: {entry.id} fits no provider of the ladder even in its smallest LoRA run "
             f"(1 row of {min(memory.SMALLEST_ROW, entry.context_length)} tokens): "
             + "; ".join(shortfalls),
-            param="model",
+            param=param,
         )
+
+    def _check_budget(self, tenant: str) -> None:
+        with session_scope(self.engine) as session:
+            budgets.refuse_past_cap(
+                session, self.pool, tenant=tenant, platform_cap=self.settings.tenant_monthly_cap
+            )
 
     async def on_dataset_built(self, event: DatasetBuilt) -> None:
         for job_id in await asyncio.to_thread(self._waiting_for, event.tenant, event.dataset_id):
@@ -273,13 +307,15 @@ class Scheduler:
             session.add(row)
             session.commit()
 
-    def _trainer_config(self, job: JobRow, attempt_id: str, output_prefix: str) -> dict[str, Any]:
+    def _trainer_config(
+        self, job: JobRow, attempt_id: str, output_prefix: str, reports_base: str
+    ) -> dict[str, Any]:
         return planning.trainer_config(
             job,
             json.loads(job.plan or b"{}"),
             attempt_id=attempt_id,
             output_prefix=output_prefix,
-            webhook_url=f"{self.webhook_base}/internal/trainer/{job.id}/reports",
+            webhook_url=f"{reports_base}/internal/trainer/{job.id}/reports",
             secret=planning.webhook_secret(self.settings.webhook_secret.get_secret_value(), job.id),
             torch_threads=self.settings.trainer_threads,
         )
@@ -386,6 +422,35 @@ class Scheduler:
         row = await asyncio.to_thread(mark)
         await self.attempts.assign()
         return row
+
+    async def early_stop(self, event: JobEarlyStopRequested) -> None:
+        """Stop the run now, keeping the best checkpoint: a running trainer is stopped (it
+        checkpoints, and training ends there: attempts.py); a job between attempts or paused
+        ends its training at its newest checkpoint at once."""
+
+        def note() -> tuple[str, bool] | None:
+            with session_scope(self.engine) as session:
+                row = session.get(JobRow, event.job_id)
+                if row is None or row.tenant != event.tenant or row.status in TERMINAL:
+                    return None
+                if row.status == "validating_files":
+                    return None  # nothing trained: the request is about a job not started
+                jobs.add_event(
+                    session,
+                    row.id,
+                    f"Early stop requested by the {event.requested_by}: {event.reason}",
+                    event_id=event.event_id,
+                )
+                return row.status, row.plan is not None
+
+        state = await asyncio.to_thread(note)
+        if state is None:
+            return
+        live = await asyncio.to_thread(self.attempts.live_attempts, event.job_id)
+        for attempt in live:
+            await self.attempts.request_stop(attempt, "early_stop")
+        if not live:
+            await self.attempts.finish_training(event.job_id)
 
     # --- what the evaluator and the hoster decided -------------------------------------------
 

@@ -129,3 +129,28 @@ class TenantBudgetRow(SQLModel, table=True):
     tenant: str = Field(primary_key=True, max_length=63)
     monthly_cost_cap: float | None = None
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class RetrainPolicyRow(SQLModel, table=True):
+    """A tenant's rule for training the next version from new traffic (retrain.py): which
+    samples, when (a schedule, or N new samples), the job to run and whether to deploy it."""
+
+    __tablename__ = "scheduler_retrain_policies"
+    __table_args__ = (sa.UniqueConstraint("tenant", "name"),)
+
+    id: str = Field(primary_key=True, max_length=40)
+    tenant: str = Field(max_length=63, index=True)
+    name: str = Field(max_length=64)
+    enabled: bool = True
+    # The policy as created (protocol.RetrainPolicyCreate): read whole, never filtered on.
+    spec: bytes = Field(sa_type=sa.LargeBinary)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    # Samples captured at or after it are new; None: no run yet, every matching sample is.
+    watermark: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    runs: int = 0
+    last_run_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    last_dataset_id: str | None = Field(default=None, max_length=64)
+    last_job_id: str | None = Field(default=None, max_length=64)
+    # Why the last try to run did not start a job (ingest away, the budget spent, ...).
+    last_error: str | None = Field(default=None, max_length=2000)

@@ -4,12 +4,11 @@ rungs and the rules (no database, no clock of its own), so it is tested with pla
 The rules, in the order they apply:
 - a job with a live attempt is not placed again; a `batch` job waits outside the batch window;
   a tenant with `tenant_max_running` live attempts places nothing more;
-- fairness: each free place goes to the tenant with the fewest live attempts (those placed in
-  this pass count), then to the job of the highest priority (`urgent`, `normal`, `batch`), then
-  the oldest (FIFO; the id breaks ties). A tenant that queued 100 jobs first gets one place,
-  then the tenant that queued one later gets the next: nobody starves behind a long queue. A
-  higher priority wins among tenants with as many live attempts, so an urgent job waits at
-  most for the tenants that run fewer than its own (never more than `tenant_max_running`);
+- priority, then fairness: each free place goes to the highest priority waiting (`urgent`,
+  `normal`, `batch`: urgent first, as promised), among those to the tenant with the fewest live
+  attempts (those placed in this pass count), then to the oldest job (FIFO; the id breaks
+  ties). A tenant that queued 100 jobs first gets one place, then the tenant that queued one
+  later gets the next: nobody starves behind a long queue of the same priority;
 - the job goes to the first rung by priority with room (`capacity` live attempts) where some
   device count fits its plan: the smallest of 1, 2, 4, 8 ... up to the rung's `device_count`
   (and that count itself) whose memory estimate fits one device (memory.py: a full fine-tune
@@ -99,7 +98,7 @@ def place(
             del waiting[tenant]
         if not waiting:
             break
-        tenant = min(waiting, key=lambda t: (per_tenant[t], *_order(waiting[t][-1])))
+        tenant = min(waiting, key=lambda t: _fair(waiting[t][-1], per_tenant[t]))
         job = waiting[tenant].pop()
         if not waiting[tenant]:
             del waiting[tenant]
@@ -113,6 +112,12 @@ def place(
         per_rung[rung.name] += 1
         per_tenant[tenant] += 1
     return placements
+
+
+def _fair(job: QueuedJob, running: int) -> tuple[int, int, datetime, str]:
+    """Whose next job takes a free place: urgent first, then the tenant running fewest."""
+    priority, created, job_id = _order(job)
+    return priority, running, created, job_id
 
 
 def _order(job: QueuedJob) -> tuple[int, datetime, str]:

@@ -9,12 +9,13 @@ document. Objects carry OpenAI's fields and add `decisions`, `base_score`, `best
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Auto = Literal["auto"]
 Priority = Literal["urgent", "normal", "batch"]
+EventLevel = Literal["info", "warn", "error"]
 JobStatus = Literal[
     "validating_files", "queued", "running", "paused", "succeeded", "failed", "cancelled"
 ]
@@ -48,12 +49,11 @@ class Method(_Request):
     supervised: Supervised = Supervised()
 
 
-class JobCreate(_Request):
+class JobTemplate(_Request):
+    """A job without its training data: what a retrain policy starts each time it runs, and
+    the part of every job request that is not its files."""
+
     model: str = Field(min_length=1, description="A base model of the catalogue (GET /v1/models)")
-    training_file: str = Field(min_length=1, description="An uploaded file id or a dataset id")
-    validation_file: str | None = Field(
-        default=None, description="Becomes the dataset's eval split (never trained on)"
-    )
     hyperparameters: Hyperparameters | None = Field(
         default=None, description="Deprecated by OpenAI in favour of method; still accepted"
     )
@@ -65,18 +65,19 @@ class JobCreate(_Request):
     metadata: (
         dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None
     ) = Field(default=None, max_length=16)
-    integrations: list[dict[str, Any]] | None = Field(
-        default=None, description="Not offered: a non-empty list is refused", max_length=0
-    )
     # tuneloop's extensions, sent by SDK users as extra_body.
     max_duration_s: float | None = Field(
         default=None,
         gt=0,
         le=7 * 86_400,
-        description="tuneloop: wall-clock budget; the recipe plans steps and evals to fit it",
+        description="tuneloop: time budget: the recipe plans steps and evals to fit it, and "
+        "training stops at it (its attempts' time, queueing excluded), keeping the best",
     )
-    auto_deploy: bool = Field(
-        default=False, description="tuneloop: deploy the registered version if it passes the gate"
+    max_cost: float | None = Field(
+        default=None,
+        gt=0,
+        description="tuneloop: cost budget (USD at the ladder's prices); training stops at "
+        "it, keeping the best",
     )
     priority: Priority = Field(
         default="normal",
@@ -85,7 +86,7 @@ class JobCreate(_Request):
     )
 
     @model_validator(mode="after")
-    def _one_place_for_hyperparameters(self) -> JobCreate:
+    def _one_place_for_hyperparameters(self) -> Self:
         given = self.hyperparameters not in (None, Hyperparameters())
         if given and self.method is not None:
             raise ValueError(
@@ -98,6 +99,19 @@ class JobCreate(_Request):
         if self.method is not None:
             return self.method.supervised.hyperparameters
         return self.hyperparameters or Hyperparameters()
+
+
+class JobCreate(JobTemplate):
+    training_file: str = Field(min_length=1, description="An uploaded file id or a dataset id")
+    validation_file: str | None = Field(
+        default=None, description="Becomes the dataset's eval split (never trained on)"
+    )
+    integrations: list[dict[str, Any]] | None = Field(
+        default=None, description="Not offered: a non-empty list is refused", max_length=0
+    )
+    auto_deploy: bool = Field(
+        default=False, description="tuneloop: deploy the registered version if it passes the gate"
+    )
 
 
 class JobError(BaseModel):
@@ -142,6 +156,7 @@ class Job(BaseModel):
     suffix: str | None = None
     # tuneloop's own.
     max_duration_s: float | None = None
+    max_cost: float | None = None
     auto_deploy: bool = False
     priority: Priority = "normal"
     decisions: list[DecisionOut] = Field(default_factory=list)
@@ -160,7 +175,7 @@ class JobEvent(BaseModel):
     object: Literal["fine_tuning.job.event"] = "fine_tuning.job.event"
     id: str
     created_at: int
-    level: Literal["info", "warn", "error"]
+    level: EventLevel
     message: str
     type: Literal["message", "metrics"] = "message"
     data: dict[str, Any] | None = None
@@ -203,6 +218,8 @@ class UsageLine(BaseModel):
     attempts: int
     device_hours: float
     cost: float
+    # Non-pad tokens the attempts trained (steps an attempt redid after a resume count again).
+    trained_tokens: int = 0
     # False: the rung is no longer in the ladder, so its price is unknown (counted as 0).
     priced: bool = True
 
@@ -213,6 +230,24 @@ class Usage(BaseModel):
     data: list[UsageLine]
     device_hours: float
     cost: float
+    trained_tokens: int = 0
+
+
+class BudgetUpdate(BaseModel):
+    monthly_cost_cap: float | None = Field(
+        ge=0, description="USD a calendar month (UTC) of training; null: no cap of the tenant's own"
+    )
+
+
+class Budget(BaseModel):
+    object: Literal["fine_tuning.budget"] = "fine_tuning.budget"
+    # The tenant's own cap, the platform's, and the one that applies (the lower).
+    monthly_cost_cap: float | None
+    platform_monthly_cost_cap: float | None
+    effective_monthly_cost_cap: float | None
+    period_start: datetime
+    resets_at: datetime
+    spent: float
 
 
 def fine_tuned_name(base: str, suffix: str | None, job_id: str) -> str:
@@ -224,3 +259,72 @@ def fine_tuned_name(base: str, suffix: str | None, job_id: str) -> str:
 
 def checkpoint_name(fine_tuned: str, step: int) -> str:
     return f"{fine_tuned}:ckpt-step-{step}"
+
+
+# --- retrain policies (tuneloop's own) ----------------------------------------------------------
+
+POLICY_NAME = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+
+
+class RetrainTrigger(_Request):
+    """When a policy runs: once `min_new_samples` new samples match its source, and/or every
+    `every_s` seconds if any new sample does (nothing new, nothing to learn)."""
+
+    min_new_samples: int | None = Field(default=None, ge=1, le=100_000_000)
+    every_s: float | None = Field(default=None, ge=1, le=366 * 86_400)
+
+    @model_validator(mode="after")
+    def _something(self) -> Self:
+        if self.min_new_samples is None and self.every_s is None:
+            raise ValueError("trigger: give min_new_samples, every_s or both")
+        return self
+
+
+class RetrainPolicyCreate(_Request):
+    name: str = Field(pattern=POLICY_NAME, description="unique per tenant; names its datasets")
+    # Ingest's dataset `source` (a sample filter) and its `cleaning` / `split` options, checked
+    # by ingest when the policy is made. The platform's own traffic (judge, shadow, evals) is
+    # left out unless the filter names it; `feedback_label` / `min_feedback_score` keep only
+    # samples with good feedback.
+    source: dict[str, Any] = Field(default_factory=dict)
+    cleaning: dict[str, Any] | None = None
+    split: dict[str, Any] | None = None
+    trigger: RetrainTrigger
+    job: JobTemplate
+    auto_deploy: bool = Field(
+        default=False, description="deploy each new version that passes its gate"
+    )
+    enabled: bool = True
+
+
+class RetrainPolicyUpdate(_Request):
+    enabled: bool | None = None
+    trigger: RetrainTrigger | None = None
+    auto_deploy: bool | None = None
+
+
+class RetrainPolicy(BaseModel):
+    object: Literal["fine_tuning.retrain_policy"] = "fine_tuning.retrain_policy"
+    id: str
+    name: str
+    enabled: bool
+    created_at: int
+    source: dict[str, Any]
+    cleaning: dict[str, Any] | None = None
+    split: dict[str, Any] | None = None
+    trigger: RetrainTrigger
+    job: JobTemplate
+    auto_deploy: bool
+    # Samples captured at or after it count as new (unix seconds); None: no run yet.
+    watermark: int | None = None
+    runs: int
+    last_run_at: int | None = None
+    last_dataset_id: str | None = None
+    last_job_id: str | None = None
+    last_error: str | None = None
+
+
+class RetrainPolicyList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[RetrainPolicy]
+    has_more: bool = False

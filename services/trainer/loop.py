@@ -264,6 +264,7 @@ class _Run:
                 self.ctx,
                 self.data.total_steps,
                 self.resumed_from,
+                _trained_tokens(self.history),
                 resume_skipped=self.resume_skipped,
             )
             return self._train(start)

@@ -61,6 +61,8 @@ class ReportSender:
         self.stamp = ReportStamper.for_job(config)
         self.reporter: Reporter | None = make_reporter(config) if enabled else None
         self.interval_s, self.last_progress = progress_interval_s, -math.inf
+        # Non-pad tokens of every step so far, resumed ones included (the scheduler's usage).
+        self.trained_tokens = 0
 
     def _send(self, build: Callable[[], Any]) -> None:
         if self.reporter is None:
@@ -75,9 +77,11 @@ class ReportSender:
         ctx: DistContext,
         total_steps: int,
         resumed_from: str | None,
+        trained_tokens: int = 0,
         *,
         resume_skipped: Sequence[SkippedCheckpoint] = (),
     ) -> None:
+        self.trained_tokens = trained_tokens
         self._send(
             lambda: self.stamp.started(
                 world_size=ctx.world_size,
@@ -86,11 +90,13 @@ class ReportSender:
                 resume_skipped=list(resume_skipped),
                 device=_describe_device(ctx.device),
                 method=self.config.method,
+                trained_tokens=trained_tokens,
             )
         )
 
     def progress(self, m: StepMetrics, eta_s: float) -> None:
         now = time.monotonic()
+        self.trained_tokens += m.tokens  # every step, reported or not
         first, last = m.step == 1, m.step >= m.total_steps
         if not (first or last or now - self.last_progress >= self.interval_s):
             return
@@ -113,6 +119,7 @@ class ReportSender:
                 grad_norm=m.grad_norm,
                 tokens_per_s=m.tokens / m.seconds if m.seconds > 0 else None,
                 eta_s=eta_s,
+                trained_tokens=self.trained_tokens,
             )
         )
 

@@ -305,7 +305,7 @@ async def run(scenario: Scenario, rule: str, args: argparse.Namespace, database:
         engine=engine, publish=publish, pool=ProviderPool(LADDER, providers), settings=settings,
         work_root=database.parent / "work",
         output_prefix=lambda job: f"s3://bench/tenants/{job.tenant}/jobs/{job.id}",
-        trainer_config=lambda job, attempt, prefix: planning.trainer_config(
+        trainer_config=lambda job, attempt, prefix, _reports: planning.trainer_config(
             job, json.loads(job.plan or b"{}"), attempt_id=attempt, output_prefix=prefix,
             webhook_url="http://127.0.0.1:1", secret="bench", torch_threads=1,
         ),

@@ -38,9 +38,10 @@ from services.scheduler.ladder import Ladder, ProviderPool, ProviderSpec
 from services.scheduler.lifecycle import Scheduler
 from services.scheduler.models import AttemptRow, CheckpointRow, JobRow
 from services.scheduler.protocol import JobCreate, Priority
+from services.scheduler.usage import usage
 from services.scheduler.webhooks import ReportReceiver
 from shared.db import make_engine, session_scope
-from shared.events import Event, JobRolledOver
+from shared.events import Event, JobEarlyStopRequested, JobRolledOver, TrainingCompleted
 from shared.signing import MemoryNonceStore
 from shared.storage import ObjectStore
 from tests.plugins.infra import free_port
@@ -125,8 +126,8 @@ async def scheduler_stack(
     )
     attempts = scheduler.attempts
     attempts.output_prefix = lambda job: str(tmp_path / "out" / job.id)
-    attempts.trainer_config = lambda job, attempt, prefix: config(
-        job, attempt, prefix, f"{url}/internal/trainer/{job.id}/reports"
+    attempts.trainer_config = lambda job, attempt, prefix, base: config(
+        job, attempt, prefix, f"{base}/internal/trainer/{job.id}/reports"
     )
     attempts.trainer_env = {
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
@@ -183,7 +184,11 @@ def tiny_config(
 
 
 def queue_job(
-    engine: Engine, job_id: str, tenant: str = "acme", priority: Priority = "normal"
+    engine: Engine,
+    job_id: str,
+    tenant: str = "acme",
+    priority: Priority = "normal",
+    **fields: Any,
 ) -> None:
     with session_scope(engine) as session:
         row = jobs.create(
@@ -196,8 +201,25 @@ def queue_job(
             dataset_id="ds_1",
         )
         row.status, row.plan = "queued", b"{}"
+        for name, value in fields.items():
+            setattr(row, name, value)
         session.add(row)
         session.commit()
+
+
+def set_job(engine: Engine, job_id: str, **fields: Any) -> None:
+    with session_scope(engine) as session:
+        row = session.get(JobRow, job_id)
+        assert row is not None
+        for name, value in fields.items():
+            setattr(row, name, value)
+        session.add(row)
+        session.commit()
+
+
+def messages_of(engine: Engine, job_id: str) -> list[str]:
+    with session_scope(engine) as session:
+        return [e.message for e in jobs.events(session, job_id=job_id, after=None, limit=100)[0]]
 
 
 def attempts_of(engine: Engine, job_id: str) -> list[AttemptRow]:
@@ -278,6 +300,8 @@ async def test_a_trainer_killed_with_sigkill_is_recovered_from_its_last_checkpoi
     [rolled] = [e for e in stack.events if isinstance(e, JobRolledOver)]
     assert (rolled.reason, rolled.resume_from) == ("crash", attempts[1].resume_from)
     assert job_row(engine, "ftjob-kill").status == "running"  # trained; awaiting registration
+    # Listed as OpenAI's events (a warning's level is "warn"), saying it counts.
+    assert any("(counts as a failed attempt)" in m for m in messages_of(engine, "ftjob-kill"))
 
 
 async def test_a_nan_loss_goes_on_from_the_last_checkpoint_at_half_the_learning_rate(
@@ -454,3 +478,98 @@ async def test_urgent_jobs_go_first_and_batch_jobs_wait_for_their_window(
         stack.scheduler.settings.batch_window = f"{hour}-{(hour + 1) % 24 or 24}"
         await until(lambda: running() == ["ftjob-b"], 30, "the batch job in its window")
         await stack.scheduler.cancel(tenant="acme", job_id="ftjob-b")
+
+
+def finished(stack: Stack, job_id: str) -> list[TrainingCompleted]:
+    return [e for e in stack.events if isinstance(e, TrainingCompleted) and e.job_id == job_id]
+
+
+async def test_a_job_past_its_cost_budget_stops_and_ends_training_at_its_checkpoint(
+    engine: Engine, object_store: ObjectStore, tiny_model_dir: Path, snapshot: Path, tmp_path: Path
+) -> None:
+    config = tiny_config(tiny_model_dir, snapshot, epochs=12)
+    # 3,600 USD an hour: a dollar a second of the attempt.
+    ladder = Ladder(providers=[ProviderSpec(name="pricey", kind="local", cost_per_hour=3600.0)])
+    async with scheduler_stack(
+        engine, object_store, tmp_path, config, ladder=ladder, port=free_port(),
+        command=WRAPPED_TRAINER, env={"TUNELOOP_TEST_STEP_DELAY_S": "0.1"},
+    ) as stack:  # fmt: skip
+        queue_job(engine, "ftjob-cost")
+        await until(lambda: len(checkpoint_steps(engine, "ftjob-cost")) >= 1, 120, "a checkpoint")
+        # Spent already: set once training is under way, so the test waits on no clock.
+        set_job(engine, "ftjob-cost", max_cost=1.0)
+        await until(lambda: bool(finished(stack, "ftjob-cost")), 120, "training to end")
+        with session_scope(engine) as session:
+            spent = usage(session, stack.scheduler.pool, tenant="acme", since=None)
+    [attempt] = attempts_of(engine, "ftjob-cost")
+    assert (attempt.stop_requested, attempt.completed) == ("budget", False)
+    [done] = finished(stack, "ftjob-cost")
+    steps = checkpoint_steps(engine, "ftjob-cost")
+    assert done.last_step == steps[-1] < 12 * STEPS_PER_EPOCH
+    assert done.attempt_id == attempt.id
+    row = job_row(engine, "ftjob-cost")
+    assert row.status == "running"  # trained; the evaluator decides among what it scored
+    assert attempt.tokens_start == 0
+    assert (attempt.tokens_last or 0) > 0
+    assert row.trained_tokens == attempt.tokens_last == spent.trained_tokens
+    assert (attempt.device, attempt.device_count, attempt.cost_per_hour) == ("cpu", 1, 3600.0)
+    assert spent.cost > 1.0
+    said = messages_of(engine, "ftjob-cost")
+    assert any(m.startswith("Stopping: its attempts have cost") for m in said)
+    assert f"Training ended at step {done.last_step}; waiting for the final evaluation" in said
+
+
+async def test_an_early_stop_ends_training_of_a_running_and_of_a_paused_job(
+    engine: Engine, object_store: ObjectStore, tiny_model_dir: Path, snapshot: Path, tmp_path: Path
+) -> None:
+    config = tiny_config(tiny_model_dir, snapshot, epochs=12)
+    async with scheduler_stack(
+        engine, object_store, tmp_path, config, ladder=local_ladder(("local", 2, None)),
+        port=free_port(), command=WRAPPED_TRAINER, env={"TUNELOOP_TEST_STEP_DELAY_S": "0.1"},
+    ) as stack:  # fmt: skip
+        scheduler = stack.scheduler
+        for job_id in ("ftjob-run", "ftjob-idle"):
+            queue_job(engine, job_id)
+        await until(lambda: all(checkpoint_steps(engine, j) for j in ("ftjob-run", "ftjob-idle")),
+                    120, "a checkpoint of each")  # fmt: skip
+        await scheduler.pause(tenant="acme", job_id="ftjob-idle")
+        await until(lambda: attempts_of(engine, "ftjob-idle")[0].state != "running", 60,
+                    "the paused trainer to stop")  # fmt: skip
+        for job_id in ("ftjob-run", "ftjob-idle"):
+            request = JobEarlyStopRequested(
+                tenant="acme", job_id=job_id, reason="the task score fell 3 evals in a row"
+            )
+            await scheduler.early_stop(request)
+            await scheduler.early_stop(request)  # redelivered: nothing more happens
+        await until(lambda: bool(finished(stack, "ftjob-run")), 120, "the running job to end")
+        await asyncio.sleep(1.0)  # polls pass: neither job gets another attempt
+    [running] = attempts_of(engine, "ftjob-run")
+    assert running.stop_requested == "early_stop"
+    for job_id in ("ftjob-run", "ftjob-idle"):
+        [done] = finished(stack, job_id)
+        assert done.last_step == checkpoint_steps(engine, job_id)[-1] < 12 * STEPS_PER_EPOCH
+        assert len(attempts_of(engine, job_id)) == 1
+        assert job_row(engine, job_id).status == "running"
+        said = messages_of(engine, job_id)
+        assert said.count(
+            "Early stop requested by the evaluator: the task score fell 3 evals in a row"
+        ) == 1  # fmt: skip
+        assert sum(m.startswith("Training ended at step") for m in said) == 1
+
+
+async def test_a_rung_too_short_to_train_a_step_fails_the_job_instead_of_rolling_over_forever(
+    engine: Engine, object_store: ObjectStore, tmp_path: Path
+) -> None:
+    never_reports = (sys.executable, "-c", "import time; time.sleep(60)")
+    async with scheduler_stack(
+        engine, object_store, tmp_path, lambda *_: {"hyperparameters": {}},
+        ladder=local_ladder(("tiny", 1, 1.0)), port=free_port(), command=never_reports,
+        settings={"rollover_lead_s": 0.0},
+    ):  # fmt: skip
+        queue_job(engine, "ftjob-short")
+        await until(lambda: job_row(engine, "ftjob-short").status == "failed", 60, "the failure")
+    attempts = attempts_of(engine, "ftjob-short")
+    assert [a.stop_requested for a in attempts] == ["rollover"] * 3
+    error = json.loads(job_row(engine, "ftjob-short").error or b"{}")
+    assert error["code"] == "no_progress"
+    assert "last 3 attempts were rolled over before they trained a step" in error["message"]

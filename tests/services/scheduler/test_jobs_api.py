@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,7 +59,10 @@ def loop(
     (tmp / MODELS_DIR_NAME).mkdir()
     (tmp / MODELS_DIR_NAME / BASE).symlink_to(smollm2_dir.resolve(), target_is_directory=True)
     db.migrate(settings.database_url)
-    env = settings_env(settings) | {"TUNELOOP_SCHEDULER_POLL_INTERVAL_S": "0.5"}
+    env = settings_env(settings) | {
+        "TUNELOOP_SCHEDULER_POLL_INTERVAL_S": "0.5",
+        "TUNELOOP_SCHEDULER_RETRAIN_INTERVAL_S": "0.5",
+    }
     processes = []
     try:
         for name in ("ingest", "scheduler"):
@@ -159,3 +163,107 @@ def test_bad_requests_are_refused_naming_the_field(loop: Loop) -> None:
         loop.reader.fine_tuning.jobs.create(model=BASE, training_file="file-x")
     with pytest.raises(openai.NotFoundError):
         client.fine_tuning.jobs.retrieve("ftjob-missing")
+
+
+@pytest.mark.slow
+def test_a_tenant_past_its_monthly_budget_gets_429_with_the_numbers(loop: Loop) -> None:
+    url = f"http://127.0.0.1:{loop.settings.services.ingest_port}"
+    admin = openai.OpenAI(base_url=f"{url}/v1", api_key=_key(url, "capped", "admin"), max_retries=0)
+    writer = openai.OpenAI(
+        base_url=f"{url}/v1", api_key=_key(url, "capped", "write"), max_retries=0
+    )
+    with pytest.raises(openai.PermissionDeniedError, match="admin"):
+        writer.put("/fine_tuning/budget", body={"monthly_cost_cap": 100}, cast_to=object)
+    with pytest.raises(openai.UnprocessableEntityError, match="monthly_cost_cap"):
+        admin.put("/fine_tuning/budget", body={"monthly_cost_cap": -1}, cast_to=object)
+    # A cap of 0: nothing may be spent, so the next job is refused before anything else.
+    budget = admin.put("/fine_tuning/budget", body={"monthly_cost_cap": 0}, cast_to=dict[str, Any])
+    assert budget["effective_monthly_cost_cap"] == 0
+    assert budget["spent"] == 0
+    assert writer.get("/fine_tuning/budget", cast_to=dict[str, Any]) == budget
+    with pytest.raises(
+        openai.RateLimitError, match=r"monthly training budget spent: 0\.00 of 0\.00"
+    ):
+        writer.fine_tuning.jobs.create(model=BASE, training_file="file-000000000000000000000000")
+    admin.put("/fine_tuning/budget", body={"monthly_cost_cap": None}, cast_to=object)
+    # Past the budget check now: the missing file is what is refused.
+    with pytest.raises(openai.NotFoundError, match="training_file"):
+        writer.fine_tuning.jobs.create(model=BASE, training_file="file-000000000000000000000000")
+
+
+@pytest.mark.slow
+def test_a_retrain_policy_runs_when_enough_new_traffic_arrived_and_once_at_a_time(
+    loop: Loop,
+) -> None:
+    url = f"http://127.0.0.1:{loop.settings.services.ingest_port}"
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=_key(url, "loopy", "write"), max_retries=0)
+    other = openai.OpenAI(base_url=f"{url}/v1", api_key=_key(url, "nosy", "write"), max_retries=0)
+    policies = "/fine_tuning/retrain_policies"
+    policy = {
+        "name": "tickets",
+        "source": {"sources": ["upload"]},
+        "trigger": {"min_new_samples": 100},
+        "job": {"model": BASE, "suffix": "auto", "max_duration_s": 120},
+    }
+    with pytest.raises(openai.UnprocessableEntityError, match=r"source\.sorce"):
+        client.post(
+            policies, body={**policy, "source": {"sorce": ["upload"]}}, cast_to=dict[str, Any]
+        )
+    with pytest.raises(openai.UnprocessableEntityError, match=r"job\.model"):
+        client.post(policies, body={**policy, "job": {"model": "gpt-4o"}}, cast_to=dict[str, Any])
+    with pytest.raises(openai.UnprocessableEntityError, match="trigger"):
+        client.post(policies, body={**policy, "trigger": {}}, cast_to=dict[str, Any])
+    created = client.post(policies, body=policy, cast_to=dict[str, Any])
+    path = f"{policies}/{created['id']}"
+    assert (created["runs"], created["last_job_id"], created["watermark"]) == (0, None, None)
+    with pytest.raises(openai.ConflictError, match="name"):
+        client.post(policies, body=policy, cast_to=dict[str, Any])
+    with pytest.raises(openai.NotFoundError):
+        other.get(path, cast_to=dict[str, Any])
+    # What the scheduler asks ingest for a tenant takes the service token, not a tenant's key.
+    counted = httpx.post(
+        f"{url}/internal/tenants/loopy/samples/count",
+        json={"source": {}},
+        headers={"Authorization": f"Bearer {client.api_key}"},
+    )
+    assert counted.status_code == 401, counted.text
+
+    tickets = generate("train")
+    _upload(client, "a.jsonl", tickets[:60])
+    time.sleep(2.0)  # four checks pass: 60 new samples are below the trigger
+    assert client.get(path, cast_to=dict[str, Any])["runs"] == 0
+    _upload(client, "b.jsonl", tickets[60:120])
+    deadline = time.monotonic() + 30
+    while (state := client.get(path, cast_to=dict[str, Any]))["runs"] == 0:
+        assert time.monotonic() < deadline, state
+        time.sleep(0.3)
+    assert state["last_error"] is None
+    job = client.fine_tuning.jobs.retrieve(state["last_job_id"])
+    assert job.metadata == {"retrain_policy": created["id"]}
+    assert job.training_file == state["last_dataset_id"]
+    messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=50).data]
+    # The persister may still be storing the last of the 120 when the count passes 100.
+    started = r"Started by retrain policy 'tickets' \(run 1\): 1[0-2]\d new samples \(the trigger is 100\)"
+    assert any(re.fullmatch(started, m) for m in messages), messages
+    _until(client, job.id, {"queued", "running"})  # its dataset was built, its job planned
+    # Its job has not ended: a run now is refused, and the loop starts none.
+    with pytest.raises(openai.ConflictError, match="has not ended"):
+        client.post(f"{path}/run", cast_to=dict[str, Any])
+    _upload(client, "c.jsonl", tickets[120:230])
+    time.sleep(2.0)
+    assert client.get(path, cast_to=dict[str, Any])["runs"] == 1
+    client.fine_tuning.jobs.cancel(job.id)
+    # Ended: 110 samples arrived after the first run's cutoff, past the trigger again.
+    deadline = time.monotonic() + 30
+    while (state := client.get(path, cast_to=dict[str, Any]))["runs"] == 1:
+        assert time.monotonic() < deadline, state
+        time.sleep(0.3)
+    second = client.fine_tuning.jobs.retrieve(state["last_job_id"])
+    assert second.id != job.id
+    client.fine_tuning.jobs.cancel(second.id)
+    disabled = client.post(path, body={"enabled": False}, cast_to=dict[str, Any])
+    assert disabled["enabled"] is False
+    assert [p["id"] for p in client.get(policies, cast_to=dict[str, Any])["data"]] == [
+        created["id"]
+    ]
+    assert client.delete(path, cast_to=dict[str, Any])["deleted"] is True

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from services.scheduler.ladder import LOCAL_ONLY, LadderError, load_ladder
+from services.scheduler.ladder import (
+    LOCAL_ONLY,
+    Ladder,
+    LadderError,
+    ProviderSpec,
+    check_reachable,
+    load_ladder,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "deploy" / "providers.yaml"
 
@@ -48,3 +55,20 @@ def test_a_mistake_is_refused_naming_the_file_and_the_field(
         load_ladder(path)
     assert str(refused.value).startswith(str(path))
     assert named in str(refused.value)
+
+
+def test_remote_rungs_need_a_url_to_report_to_and_local_ones_use_the_schedulers_own() -> None:
+    local = ProviderSpec(name="own", kind="local")
+    remote = ProviderSpec(name="cloud", kind="skypilot")
+    ladder = Ladder(providers=[local, remote])
+    with pytest.raises(LadderError, match=r"providers\[1\]\.report_url: the skypilot rung 'cloud'"):
+        check_reachable(ladder, public_url=None)
+    check_reachable(ladder, public_url="https://tuneloop.example.com")
+    own = "http://127.0.0.1:8003"
+    assert local.reports_base("https://tuneloop.example.com", own) == own
+    assert (
+        remote.reports_base("https://tuneloop.example.com/", own) == "https://tuneloop.example.com"
+    )
+    pinned = remote.model_copy(update={"report_url": "http://10.0.0.5:8003"})
+    check_reachable(Ladder(providers=[pinned]), public_url=None)
+    assert pinned.reports_base("https://tuneloop.example.com", own) == "http://10.0.0.5:8003"

@@ -17,7 +17,7 @@ from services.scheduler.attempts import Attempts
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.ladder import Ladder, ProviderPool, ProviderSpec
 from services.scheduler.memory import Method
-from services.scheduler.models import AttemptRow, JobRow
+from services.scheduler.models import AttemptRow, CheckpointRow, JobRow
 from services.scheduler.placement import (
     LiveAttempt,
     Placement,
@@ -117,14 +117,17 @@ def test_a_tenant_that_queued_100_jobs_first_does_not_starve_one_that_queued_1_l
     assert placed(queued, [rung("one", 3)], live) == [("small-0", "one", 1)]
 
 
-def test_among_tenants_running_as_many_the_higher_priority_then_the_older_job_goes_first() -> None:
+def test_urgent_goes_first_then_the_tenant_running_fewest_then_the_older_job() -> None:
     queued = [job("a", "acme", minute=0), job("g", "globex", minute=5, priority="urgent")]
     assert placed(queued, [rung("one", 1)]) == [("g", "one", 1)]
     queued = [job("a", "acme", minute=3), job("g", "globex", minute=5)]
     assert placed(queued, [rung("one", 1)]) == [("a", "one", 1)]
-    # Fewer live attempts outrank priority: acme runs one, globex none.
+    # Priority outranks fewer live attempts: acme runs one and its job is urgent.
     live = [LiveAttempt("a-running", "other", "acme")]
-    queued = [job("a", "acme", priority="urgent"), job("g", "globex", priority="batch")]
+    queued = [job("a", "acme", priority="urgent"), job("g", "globex", priority="normal")]
+    assert placed(queued, [rung("one", 1), rung("other", 1)], live) == [("a", "one", 1)]
+    # Of the same priority, the tenant running none goes first, though its job is younger.
+    queued = [job("a", "acme", minute=0), job("g", "globex", minute=5)]
     assert placed(queued, [rung("one", 1), rung("other", 1)], live) == [("g", "one", 1)]
 
 
@@ -209,13 +212,20 @@ async def test_an_attempt_keeps_its_rungs_device_the_count_chosen_and_the_price(
         raise AssertionError(message)
 
     eight = ProviderSpec(name="eight", kind="local", capacity=2, device="nvidia-h100",
-                         device_count=8, device_memory_gib=80, cost_per_hour=3.5)  # fmt: skip
+                         device_count=8, device_memory_gib=80, cost_per_hour=3.5,
+                         report_url="http://scheduler.internal:8003/")  # fmt: skip
+    reports: list[str] = []
+
+    def trainer_config(job: JobRow, attempt: str, prefix: str, base: str) -> dict[str, Any]:
+        reports.append(base)
+        return {"hyperparameters": {}}
+
     provider = _Recording("eight")
     attempts = Attempts(
         engine=engine, publish=publish,
         pool=ProviderPool(Ladder(providers=[eight]), {"eight": provider}),
         settings=SchedulerSettings(), work_root=tmp_path, output_prefix=lambda job: "s3://b/p",
-        trainer_config=lambda *_: {"hyperparameters": {}}, fail=fail,
+        trainer_config=trainer_config, fail=fail,
     )  # fmt: skip
     for job_id, method in [("ftjob-full", "full"), ("ftjob-lora", "lora")]:
         plan = {"trainer": {"method": method,
@@ -224,6 +234,11 @@ async def test_an_attempt_keeps_its_rungs_device_the_count_chosen_and_the_price(
             session.add(JobRow(id=job_id, tenant="acme", status="queued", model=LLAMA_7B.id,
                                training_file="f", request=b"{}", plan=json.dumps(plan).encode()))  # fmt: skip
             session.commit()
+    with session_scope(engine) as session:  # the LoRA job goes on from step 50, else 40, 30, 20
+        for step in (10, 20, 30, 40, 50):
+            session.add(CheckpointRow(id=f"c{step}", job_id="ftjob-lora", step=step,
+                                      uri=f"s3://b/ckpt-{step}", pruned=step == 40))  # fmt: skip
+        session.commit()
     try:
         await attempts.assign()
         with session_scope(engine) as session:
@@ -231,6 +246,12 @@ async def test_an_attempt_keeps_its_rungs_device_the_count_chosen_and_the_price(
     finally:
         engine.dispose()
     assert {s.job_id: s.device_count for s in provider.specs} == {"ftjob-full": 2, "ftjob-lora": 1}
+    resumes = {s.job_id: (s.resume_from, s.resume_fallbacks) for s in provider.specs}
+    assert resumes == {
+        "ftjob-full": (None, ()),
+        "ftjob-lora": ("s3://b/ckpt-50", ("s3://b/ckpt-30", "s3://b/ckpt-20", "s3://b/ckpt-10")),
+    }
+    assert reports == ["http://scheduler.internal:8003"] * 2  # the rung's report_url
     assert {j: (a.device, a.device_count, a.cost_per_hour) for j, a in rows.items()} == {
         "ftjob-full": ("nvidia-h100", 2, 3.5), "ftjob-lora": ("nvidia-h100", 1, 3.5),
     }  # fmt: skip

@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlalchemy.engine.url import URL
 
-from services.scheduler import jobs
+from services.scheduler import budgets, jobs
+from services.scheduler.jobs import JobError
 from services.scheduler.ladder import Ladder, ProviderPool, ProviderSpec
 from services.scheduler.models import AttemptRow
 from services.scheduler.protocol import JobCreate
@@ -81,3 +82,66 @@ def test_usage_is_device_hours_at_each_rungs_price_for_the_callers_attempts_only
     assert everything.cost == pytest.approx(lines["gpus"].cost)
     # Since an hour after T0 (given without a zone: UTC), the first attempt is left out.
     assert {line.provider for line in later.data} == {"gpus", "retired"}
+
+
+def test_a_job_reaches_its_limit_on_its_attempts_time_or_cost_and_not_on_queueing(
+    engine: Engine,
+) -> None:
+    pool = ProviderPool(Ladder(providers=[ProviderSpec(name="gpus", kind="local")]))
+    now = datetime.now(UTC)
+    with session_scope(engine) as session:
+        row = jobs.create(
+            session, job_id="ftjob-b", tenant="acme", dataset_id="ds",
+            request=JobCreate(model="SmolLM2-135M-Instruct", training_file="ds"),
+        )  # fmt: skip
+        # Two attempts of 100 s each, hours apart (the job waited queued in between), placed
+        # at 36 USD an hour on 2 devices: 2 x 100 s x 2 devices x 0.01 USD a device-second.
+        for n, start in ((1, now - timedelta(hours=5)), (2, now - timedelta(seconds=100))):
+            attempt = _attempt("ftjob-b", n, "gpus", start, 100 / 3600 if n == 1 else None)
+            attempt.device_count, attempt.cost_per_hour = 2, 36.0
+            session.add(attempt)
+        session.commit()
+        assert budgets.job_limit_reached(session, pool, row) is None  # no limits
+        row.max_duration_s = 250
+        assert budgets.job_limit_reached(session, pool, row) is None
+        row.max_duration_s = 190
+        said = budgets.job_limit_reached(session, pool, row)
+        assert said is not None
+        assert said.startswith("its attempts have run 200 s of max_duration_s 190")
+        row.max_duration_s, row.max_cost = None, 3.9
+        said = budgets.job_limit_reached(session, pool, row)
+        assert said == "its attempts have cost 4.00 of max_cost 3.9 USD"
+
+
+def test_a_tenant_past_its_monthly_cap_is_refused_with_the_numbers_and_the_lower_cap_applies(
+    engine: Engine,
+) -> None:
+    pool = ProviderPool(Ladder(providers=[ProviderSpec(name="gpus", kind="local")]))
+    now = datetime.now(UTC)
+    with session_scope(engine) as session:
+        jobs.create(
+            session, job_id="ftjob-m", tenant="acme", dataset_id="ds",
+            request=JobCreate(model="SmolLM2-135M-Instruct", training_file="ds"),
+        )  # fmt: skip
+        attempt = _attempt("ftjob-m", 1, "gpus", budgets.month_start(now), 1.0)
+        attempt.cost_per_hour = 10.0
+        session.add(attempt)
+        last_month = _attempt(
+            "ftjob-m", 2, "gpus", budgets.month_start(now) - timedelta(days=3), 1.0
+        )
+        last_month.cost_per_hour = 1000.0  # another month: not counted
+        session.add(last_month)
+        session.commit()
+        budgets.refuse_past_cap(session, pool, tenant="acme", platform_cap=None)  # no cap
+        budgets.refuse_past_cap(session, pool, tenant="acme", platform_cap=10.5)
+        budgets.set_cap(session, tenant="acme", cap=20.0)
+        with pytest.raises(JobError) as refused:  # the platform's 9 is lower than the tenant's 20
+            budgets.refuse_past_cap(session, pool, tenant="acme", platform_cap=9.0)
+        assert refused.value.status == 429
+        assert refused.value.code == "budget_exceeded"
+        assert str(refused.value).startswith("monthly training budget spent: 10.00 of 9.00 USD")
+        assert f"from {budgets.next_month(now):%Y-%m-%d}" in str(refused.value)
+        state = budgets.budget(session, pool, tenant="acme", platform_cap=9.0)
+        assert (state.monthly_cost_cap, state.effective_monthly_cost_cap) == (20.0, 9.0)
+        assert state.spent == pytest.approx(10.0)
+        budgets.refuse_past_cap(session, pool, tenant="globex", platform_cap=9.0)  # spent nothing
