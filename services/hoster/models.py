@@ -57,5 +57,28 @@ class Deployment(SQLModel, table=True):
     port: int | None = None
     pid: int | None = None
     error: str | None = Field(default=None, max_length=4096)
+    # The stable name it was deployed under (served_names.py) and what it becomes there once
+    # ready: "primary" (a switch) or "canary"; None: served under its own name only.
+    served_name: str | None = Field(default=None, max_length=256)
+    role: str | None = Field(default=None, max_length=16)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class ServedName(SQLModel, table=True):
+    """A stable name a tenant's callers use (served_names.py): the deployment that answers it
+    (`primary_id`), a candidate taking `canary_percent` of its calls (`canary_id`), the one it
+    replaced last (`previous_id`, what a rollback goes back to) and the automatic-rollback
+    policy. `revision` grows with every change: the gateway keeps the newest it has seen."""
+
+    __tablename__ = "hoster_served_names"
+
+    tenant: str = Field(primary_key=True, max_length=64)
+    name: str = Field(primary_key=True, max_length=256)
+    primary_id: str | None = Field(default=None, max_length=64)
+    canary_id: str | None = Field(default=None, max_length=64)
+    canary_percent: float = 0.0
+    previous_id: str | None = Field(default=None, max_length=64)
+    policy: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    revision: int = 0
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
