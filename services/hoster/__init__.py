@@ -1,1 +1,1 @@
-"""tuneloop hoster service. Model registry (versions, lineage, stages), deployments and inference engines behind OpenAI-compatible endpoints."""
+"""tuneloop hoster service. Model registry (versions, lineage, aliases), deployments and inference engines behind OpenAI-compatible endpoints."""

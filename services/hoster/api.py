@@ -12,9 +12,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session
 
-from services.hoster import registry
+from services.hoster import aliases, registry
 from services.hoster.errors import HosterError
-from services.hoster.models import Deployment
+from services.hoster.models import Deployment, ModelAlias
 from services.hoster.state import Hoster
 from shared import auth
 from shared.db import get_session
@@ -45,19 +45,67 @@ TenantDep = Annotated[auth.Principal, Depends(auth.require_access)]
 
 
 class ModelObject(BaseModel):
-    """OpenAI's model object, plus `parent` (the base a version was tuned from) and lineage."""
+    """OpenAI's model object, plus vLLM's `parent` (the base a version was tuned from) and `root`
+    (what an engine loads: a version's checkpoint URI, a base's catalogue id), and lineage."""
 
     model_config = ConfigDict(extra="allow")
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str
+    root: str | None = None
     parent: str | None = None
 
 
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelObject]
+
+
+class ModelDeleted(BaseModel):
+    """OpenAI's answer to deleting a model; here one version, by its id."""
+
+    id: str
+    object: Literal["model"] = "model"
+    deleted: bool = True
+
+
+class AliasSet(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: Annotated[int, Field(ge=1)] | Annotated[str, Field(min_length=1, max_length=64)] = (
+        Field(description="a version number of the ft: name, or a version id (mv-…)")
+    )
+
+
+class AliasObject(BaseModel):
+    object: Literal["model.alias"] = "model.alias"
+    model: str = Field(description="the ft: name; `<model>@<alias>` names the version")
+    alias: str
+    version: int
+    version_id: str
+    updated_at: int
+
+    @classmethod
+    def of(cls, row: ModelAlias, version: int) -> AliasObject:
+        return cls(
+            model=row.name,
+            alias=row.alias,
+            version=version,
+            version_id=row.version_id,
+            updated_at=int(row.updated_at.timestamp()),
+        )
+
+
+class AliasList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[AliasObject]
+
+
+class AliasDeleted(BaseModel):
+    object: Literal["model.alias"] = "model.alias"
+    model: str
+    alias: str
+    deleted: bool = True
 
 
 class DeploymentCreate(BaseModel):
@@ -126,13 +174,57 @@ v1 = APIRouter(prefix="/v1", dependencies=[Depends(auth.require_access)])
 
 
 @v1.get("/models", response_model=ModelList, tags=["models"], summary="Base and fine-tuned models")
-def list_models(principal: TenantDep, session: SessionDep) -> dict[str, Any]:
-    return {"object": "list", "data": registry.list_models(session, principal.tenant_id)}
+def list_models(
+    principal: TenantDep, session: SessionDep, include_archived: bool = False
+) -> dict[str, Any]:
+    found = registry.list_models(session, principal.tenant_id, include_archived=include_archived)
+    return {"object": "list", "data": found}
 
 
 @v1.get("/models/{model_id}", response_model=ModelObject, tags=["models"], summary="One model")
 def get_model(model_id: str, principal: TenantDep, session: SessionDep) -> dict[str, Any]:
     return registry.get_model(session, principal.tenant_id, model_id)
+
+
+@v1.delete("/models/{model_id}", response_model=ModelDeleted, tags=["models"],
+           summary="Delete a version (by id) no active deployment or alias holds")  # fmt: skip
+def delete_model(model_id: str, principal: TenantDep, session: SessionDep) -> ModelDeleted:
+    registry.delete(session, principal.tenant_id, model_id)
+    return ModelDeleted(id=model_id)
+
+
+@v1.post("/models/{model_id}/archive", response_model=ModelObject, tags=["models"],
+         summary="Archive a version (by id): kept, readable, not listed, deployed or aliased anew")  # fmt: skip
+def archive_model(model_id: str, principal: TenantDep, session: SessionDep) -> dict[str, Any]:
+    registry.archive(session, principal.tenant_id, model_id)
+    return registry.get_model(session, principal.tenant_id, model_id)
+
+
+@v1.get("/models/{name}/aliases", response_model=AliasList, tags=["models"],
+        summary="An ft: name's aliases")  # fmt: skip
+def list_aliases(name: str, principal: TenantDep, session: SessionDep) -> AliasList:
+    found = aliases.list_for(session, principal.tenant_id, name)
+    return AliasList(data=[AliasObject.of(row, version) for row, version in found])
+
+
+@v1.put("/models/{name}/aliases/{alias}", response_model=AliasObject, tags=["models"],
+        summary="Point an alias at a version of an ft: name (made or moved)")  # fmt: skip
+async def set_alias(
+    name: str, alias: str, body: AliasSet, principal: TenantDep, session: SessionDep,
+    hoster: HosterDep,
+) -> AliasObject:  # fmt: skip
+    row, version, changed = await asyncio.to_thread(
+        aliases.set_alias, session, principal.tenant_id, name, alias, body.version
+    )
+    if changed is not None:
+        await hoster.publish(changed)
+    return AliasObject.of(row, version)
+
+
+@v1.delete("/models/{name}/aliases/{alias}", response_model=AliasDeleted, tags=["models"])
+def delete_alias(name: str, alias: str, principal: TenantDep, session: SessionDep) -> AliasDeleted:
+    aliases.remove_alias(session, principal.tenant_id, name, alias)
+    return AliasDeleted(model=name, alias=alias)
 
 
 @v1.post("/deployments", response_model=DeploymentObject, tags=["deployments"],

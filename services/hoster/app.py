@@ -24,7 +24,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     runtime.on_lifecycle(hoster.start, hoster.stop)
     app = runtime.build_app(
         api.router,
-        summary="Model registry (versions, lineage, stages), deployments and inference engines behind OpenAI-compatible endpoints.",
+        summary="Model registry (versions, lineage, aliases), deployments and inference engines behind OpenAI-compatible endpoints.",
     )
     app.add_exception_handler(HosterError, api.hoster_error)
     app.state.hoster = hoster

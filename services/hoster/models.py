@@ -40,6 +40,8 @@ class ModelVersion(SQLModel, table=True):
     gate: str | None = Field(default=None, max_length=16)
     gate_reason: str = Field(default="", max_length=1024)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    # Set: kept and readable, no longer listed by default, deployed or aliased anew.
+    archived_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 class Deployment(SQLModel, table=True):
@@ -81,4 +83,18 @@ class ServedName(SQLModel, table=True):
     previous_id: str | None = Field(default=None, max_length=64)
     policy: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
     revision: int = 0
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class ModelAlias(SQLModel, table=True):
+    """A movable name (`production`, `candidate`, ...) for one version of a tenant's `ft:` name:
+    `<ft: name>@<alias>` names that version wherever a model is named (aliases.py)."""
+
+    __tablename__ = "hoster_model_aliases"
+
+    tenant: str = Field(primary_key=True, max_length=64)
+    name: str = Field(primary_key=True, max_length=256, description="the ft: name")
+    alias: str = Field(primary_key=True, max_length=64)
+    # No ondelete: a version an alias holds cannot be deleted.
+    version_id: str = Field(foreign_key="hoster_model_versions.id", index=True, max_length=64)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
