@@ -45,6 +45,10 @@ class CatalogueEntry:
     intermediate_size: int
     # Where a deployment without a local copy reads it (an s3:// prefix); None: local only.
     s3_prefix: str | None = None
+    # Attention heads and key/value heads (fewer with grouped-query attention): the KV cache's
+    # size (services/hoster/vllm_profiles.py). None: no grouping assumed (the larger cache).
+    attention_heads: int | None = None
+    kv_heads: int | None = None
 
     def __post_init__(self) -> None:
         if not is_model_id(self.id):
@@ -67,6 +71,8 @@ SMOLLM2_135M_INSTRUCT: Final = CatalogueEntry(
     layers=30,
     hidden_size=576,
     intermediate_size=1536,
+    attention_heads=9,
+    kv_heads=3,
 )
 
 CATALOGUE: Final[dict[str, CatalogueEntry]] = {e.id: e for e in (SMOLLM2_135M_INSTRUCT,)}

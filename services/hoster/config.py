@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.hoster.vllm_profiles import GPU_MEMORY_MIB
 
 
 class HosterSettings(BaseSettings):
@@ -39,6 +43,26 @@ class HosterSettings(BaseSettings):
     eval_model_idle_s: int = Field(default=60, ge=1)
     # Engines' working directories, merged weights and logs; empty: <data dir>/hoster.
     work_dir: Path | None = None
+    # What serves deployments: "cpu" (the LoRA engine; `transformers serve` for a full
+    # fine-tune) or "vllm" on a GPU (vllm_engine.py; docs/hoster.md, "GPU: vLLM").
+    engine: Literal["cpu", "vllm"] = "cpu"
+    # vLLM's executable, split as a shell would: its own venv's `vllm` (its torch is not ours)
+    # or a container's (`docker run ... --entrypoint vllm vllm/vllm-openai:<tag>`).
+    vllm_command: str = "vllm"
+    # The GPU class vLLM's settings are sized for (vllm_profiles.GPU_MEMORY_MIB); engine=vllm
+    # needs it.
+    vllm_gpu: str = ""
+
+    @model_validator(mode="after")
+    def _vllm_needs_a_gpu_class(self) -> HosterSettings:
+        if self.engine == "vllm" and self.vllm_gpu not in GPU_MEMORY_MIB:
+            raise ValueError(
+                f"TUNELOOP_HOSTER_VLLM_GPU: {self.vllm_gpu!r} must be one of "
+                f"{', '.join(GPU_MEMORY_MIB)} when TUNELOOP_HOSTER_ENGINE is vllm"
+            )
+        if self.engine == "vllm" and not shlex.split(self.vllm_command):
+            raise ValueError("TUNELOOP_HOSTER_VLLM_COMMAND: empty; name vLLM's executable")
+        return self
 
     def root(self, data_dir: Path) -> Path:
         return (self.work_dir or data_dir / "hoster").resolve()

@@ -14,10 +14,11 @@ from sqlalchemy.engine import Engine as Database
 from services.hoster import artifacts, registry
 from services.hoster.config import HosterSettings
 from services.hoster.deployments import Deployments
-from services.hoster.engines import Engine, EngineSpec, LoraEngine, make_engine
+from services.hoster.engines import EngineSpec, LoraEngine
 from services.hoster.errors import ArtifactFailed
 from services.hoster.eval_engines import EvalEngines
 from services.hoster.models import Deployment
+from services.hoster.vllm_engine import deployment_engines
 from shared import bus
 from shared.db import session_scope
 from shared.events import DeploymentFailed, DeploymentReady, DeploymentStopped, EvalDecided, Event
@@ -45,9 +46,6 @@ class Hoster:
         store = ObjectStore.from_settings(settings.s3)
         data_dir = settings.app.data_dir.resolve()
 
-        def serve(spec: EngineSpec, pid: int | None = None) -> Engine:
-            return make_engine(spec, hoster_settings, pid=pid)
-
         def lora(spec: EngineSpec) -> LoraEngine:
             return LoraEngine(spec, hoster_settings)
 
@@ -57,7 +55,7 @@ class Hoster:
             data_dir=data_dir,
             store=store,
             database=database,
-            factory=serve,
+            factory=deployment_engines(hoster_settings),
         )
         return cls(hoster_settings, data_dir, store, database, publish, evals, deployments)
 
