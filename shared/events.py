@@ -475,11 +475,15 @@ class ModelRegistered(Event):
 
 
 class ModelAliasChanged(Event):
+    """An alias of an ft: name (`<name>@<alias>`) was set, moved or removed (`model_version`
+    None)."""
+
     event_name = "model.alias_changed"
     stream = MODELS
     model_id: str
     alias: str
-    model_version: int = Field(ge=1)
+    model_version: int | None = Field(default=None, ge=1)
+    version_id: str | None = None
     previous_version: int | None = None
 
 
@@ -522,6 +526,72 @@ class DeploymentStopped(DeploymentEvent):
     stream = DEPLOYMENTS
     served_model_name: str
     reason: str = "requested"
+
+
+class CanaryPolicy(BaseModel):
+    """When a canary is rolled back by itself: over its last `min_requests` calls (at least),
+    an error rate (5xx, unreachable) above `max_error_rate` or a p95 latency above
+    `max_p95_ms` (None: latency is not judged)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    min_requests: int = Field(default=50, ge=5, le=100_000)
+    max_error_rate: float = Field(default=0.05, ge=0, le=1)
+    max_p95_ms: float | None = Field(default=None, gt=0)
+
+
+class ServedTarget(BaseModel):
+    """One deployment behind a served name: where the gateway sends the calls it gets."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    deployment_id: str
+    endpoint_url: str
+    version_id: str | None = None
+
+
+class ServedNameChanged(Event):
+    """What answers a tenant's served name now: `primary`, and `canary` for `canary_percent` of
+    the calls (split by the caller's X-Request-Id, else by tenant and body, so a retry lands on
+    the same version). The gateway keeps the highest `revision` it has seen per name."""
+
+    event_name = "deployment.served_name_changed"
+    stream = DEPLOYMENTS
+    name: str = Field(min_length=1, max_length=256)
+    revision: int = Field(ge=1)
+    primary: ServedTarget | None = None
+    canary: ServedTarget | None = None
+    canary_percent: float = Field(default=0.0, ge=0, le=100)
+    rollback: CanaryPolicy = Field(default_factory=CanaryPolicy)
+
+
+class CanaryFailed(Event):
+    """A gateway saw a served name's canary cross its policy (and stopped sending it calls):
+    the hoster rolls it back. The numbers are that gateway's window."""
+
+    event_name = "deployment.canary_failed"
+    stream = DEPLOYMENTS
+    name: str
+    revision: int = Field(ge=1)
+    deployment_id: str
+    requests: int = Field(ge=0)
+    errors: int = Field(ge=0)
+    p95_ms: float | None = None
+    reason: str
+
+
+class DeploymentRolledBack(DeploymentEvent):
+    """A served name went back: its canary (`deployment_id`) was taken out, or its primary
+    returned to the version before; the numbers when a canary's calls decided it."""
+
+    event_name = "deployment.rolled_back"
+    stream = DEPLOYMENTS
+    name: str
+    restored_deployment_id: str | None = None
+    reason: str
+    requests: int | None = None
+    errors: int | None = None
+    p95_ms: float | None = None
 
 
 def catalogue_rows() -> list[tuple[str, str, str, str]]:

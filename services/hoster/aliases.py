@@ -87,6 +87,7 @@ def set_alias(
         model_id=name,
         alias=alias,
         model_version=number,
+        version_id=target.id,
         previous_version=previous.version if previous is not None else None,
     )
     if row is None:
@@ -103,12 +104,20 @@ def set_alias(
     return row, number, changed
 
 
-def remove_alias(session: Session, tenant: str, name: str, alias: str) -> None:
+def remove_alias(session: Session, tenant: str, name: str, alias: str) -> ModelAliasChanged:
+    """Remove the alias; the event saying so (`model_version` None)."""
     row = find(session, tenant, name, alias)
     if row is None:
         raise NotFound(f"alias: {name} has no alias {alias!r}", param="alias")
+    held = session.get(ModelVersion, row.version_id)
     session.delete(row)
     session.commit()
+    return ModelAliasChanged(
+        tenant=tenant,
+        model_id=name,
+        alias=alias,
+        previous_version=held.version if held is not None else None,
+    )
 
 
 def _check_name(session: Session, tenant: str, name: str) -> None:

@@ -1,5 +1,5 @@
 """HTTP routes of the hoster service: the model registry (`/v1/models`), deployments
-(`/v1/deployments`), and the internal eval-engine API the evaluator calls (`/internal/engines`,
+(`/v1/deployments`), served names and their canaries (`/v1/served_names`), and the internal eval-engine API the evaluator calls (`/internal/engines`,
 service token only, never routed by the gateway)."""
 
 from __future__ import annotations
@@ -9,15 +9,17 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlmodel import Session
 
 from services.hoster import aliases, registry
 from services.hoster.errors import HosterError
-from services.hoster.models import Deployment, ModelAlias
+from services.hoster.models import Deployment, ModelAlias, ServedName
+from services.hoster.served_names import NAME_PATTERN
 from services.hoster.state import Hoster
 from shared import auth
 from shared.db import get_session
+from shared.events import CanaryPolicy
 from shared.tenancy import TenantId
 
 _ERROR_TYPES = {404: "invalid_request_error", 409: "conflict", 422: "invalid_request_error"}
@@ -113,6 +115,60 @@ class DeploymentCreate(BaseModel):
     model: str = Field(
         min_length=1, max_length=256, description="an ft: name, a version id or a catalogue base id"
     )
+    served_name: str | None = Field(
+        default=None,
+        pattern=NAME_PATTERN,
+        description="a stable name callers use; once ready this deployment answers it (the one "
+        "it replaces is kept as the rollback target), or with canary_percent a share of it",
+    )
+    canary_percent: float | None = Field(
+        default=None, gt=0, le=100, description="deploy as the served name's canary"
+    )
+    rollback: CanaryPolicy | None = Field(
+        default=None, description="when a canary is rolled back by itself"
+    )
+
+    @model_validator(mode="after")
+    def _canary_needs_a_name(self) -> DeploymentCreate:
+        if self.canary_percent is not None and self.served_name is None:
+            raise ValueError("canary_percent: a canary shares a served_name: give one")
+        return self
+
+
+class ServedNameUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    canary_percent: float | None = Field(default=None, ge=0, le=100)
+    rollback: CanaryPolicy | None = None
+
+
+class ServedNameObject(BaseModel):
+    name: str
+    object: Literal["served_name"] = "served_name"
+    primary: str | None = Field(description="the deployment answering it")
+    canary: str | None = Field(description="the deployment taking canary_percent of its calls")
+    canary_percent: float
+    previous: str | None = Field(description="what a rollback without a canary goes back to")
+    rollback: CanaryPolicy
+    revision: int
+    updated_at: int
+
+    @classmethod
+    def of(cls, row: ServedName) -> ServedNameObject:
+        return cls(
+            name=row.name,
+            primary=row.primary_id,
+            canary=row.canary_id,
+            canary_percent=row.canary_percent,
+            previous=row.previous_id,
+            rollback=CanaryPolicy.model_validate(row.policy or {}),
+            revision=row.revision,
+            updated_at=int(row.updated_at.timestamp()),
+        )
+
+
+class ServedNameList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ServedNameObject]
 
 
 class DeploymentObject(BaseModel):
@@ -121,6 +177,8 @@ class DeploymentObject(BaseModel):
     model: str = Field(description="the name the engine answers to (ft: name or catalogue id)")
     version_id: str | None = Field(description="the registry version served; null for a base")
     status: Literal["pending", "ready", "failed", "stopped"]
+    served_name: str | None = None
+    role: Literal["primary", "canary"] | None = None
     endpoint_url: str | None
     error: str | None
     created_at: int
@@ -133,6 +191,8 @@ class DeploymentObject(BaseModel):
             model=row.served_model_name,
             version_id=row.version_id,
             status=row.status,
+            served_name=row.served_name,
+            role=row.role,
             endpoint_url=row.endpoint_url,
             error=row.error,
             created_at=int(row.created_at.timestamp()),
@@ -222,8 +282,13 @@ async def set_alias(
 
 
 @v1.delete("/models/{name}/aliases/{alias}", response_model=AliasDeleted, tags=["models"])
-def delete_alias(name: str, alias: str, principal: TenantDep, session: SessionDep) -> AliasDeleted:
-    aliases.remove_alias(session, principal.tenant_id, name, alias)
+async def delete_alias(
+    name: str, alias: str, principal: TenantDep, session: SessionDep, hoster: HosterDep
+) -> AliasDeleted:
+    removed = await asyncio.to_thread(
+        aliases.remove_alias, session, principal.tenant_id, name, alias
+    )
+    await hoster.publish(removed)
     return AliasDeleted(model=name, alias=alias)
 
 
@@ -232,9 +297,14 @@ def delete_alias(name: str, alias: str, principal: TenantDep, session: SessionDe
 async def create_deployment(
     body: DeploymentCreate, principal: TenantDep, hoster: HosterDep
 ) -> DeploymentObject:
-    row, new = await asyncio.to_thread(hoster.deployments.request, principal.tenant_id, body.model)
-    if new:
-        hoster.launch(row.id)
+    row = await hoster.deploy(
+        principal.tenant_id,
+        body.model,
+        served_name=body.served_name,
+        role="canary" if body.canary_percent is not None else "primary",
+        percent=body.canary_percent,
+        policy=body.rollback,
+    )
     return DeploymentObject.of(row)
 
 
@@ -258,6 +328,48 @@ async def delete_deployment(
     deployment_id: str, principal: TenantDep, hoster: HosterDep
 ) -> DeploymentObject:
     return DeploymentObject.of(await hoster.undeploy(principal.tenant_id, deployment_id))
+
+
+async def _served(hoster: Hoster, tenant: str, name: str) -> ServedNameObject:
+    return ServedNameObject.of(await asyncio.to_thread(hoster.served.get, tenant, name))
+
+
+@v1.get("/served_names", response_model=ServedNameList, tags=["deployments"])
+async def list_served_names(principal: TenantDep, hoster: HosterDep) -> ServedNameList:
+    rows = await asyncio.to_thread(hoster.served.list_for, principal.tenant_id)
+    return ServedNameList(data=[ServedNameObject.of(row) for row in rows])
+
+
+@v1.get("/served_names/{name}", response_model=ServedNameObject, tags=["deployments"])
+async def get_served_name(name: str, principal: TenantDep, hoster: HosterDep) -> ServedNameObject:
+    return await _served(hoster, principal.tenant_id, name)
+
+
+@v1.post("/served_names/{name}", response_model=ServedNameObject, tags=["deployments"],
+         summary="Change a served name's canary share or rollback policy")  # fmt: skip
+async def update_served_name(
+    name: str, body: ServedNameUpdate, principal: TenantDep, hoster: HosterDep
+) -> ServedNameObject:
+    await hoster.set_canary(principal.tenant_id, name, body.canary_percent, body.rollback)
+    return await _served(hoster, principal.tenant_id, name)
+
+
+@v1.post("/served_names/{name}/promote", response_model=ServedNameObject, tags=["deployments"],
+         summary="The canary becomes the primary")  # fmt: skip
+async def promote_served_name(
+    name: str, principal: TenantDep, hoster: HosterDep
+) -> ServedNameObject:
+    await hoster.promote(principal.tenant_id, name)
+    return await _served(hoster, principal.tenant_id, name)
+
+
+@v1.post("/served_names/{name}/rollback", response_model=ServedNameObject, tags=["deployments"],
+         summary="Take the canary out, or with none go back to the previous primary")  # fmt: skip
+async def rollback_served_name(
+    name: str, principal: TenantDep, hoster: HosterDep
+) -> ServedNameObject:
+    await hoster.rollback(principal.tenant_id, name)
+    return await _served(hoster, principal.tenant_id, name)
 
 
 # --- internal: eval engines ---------------------------------------------------------------------

@@ -17,6 +17,13 @@ class HosterSettings(BaseSettings):
         env_prefix="TUNELOOP_HOSTER_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
     )
 
+    # A deployment's engine that dies is started again (and announced at its new address),
+    # checked every watch_interval_s; crash_limit deaths within crash_window_s fail it instead.
+    watch_interval_s: float = Field(default=5.0, gt=0)
+    crash_limit: int = Field(default=3, ge=1)
+    crash_window_s: float = Field(default=600.0, gt=0)
+    # The share of a served name's calls a new auto-deployed version gets as its canary.
+    canary_percent: float = Field(default=10.0, gt=0, le=100)
     # Torch threads per engine (OMP_NUM_THREADS): on 2 cores the eval engine and the trainer
     # each get one by plan instead of fighting over both.
     engine_threads: int = Field(default=1, ge=1)

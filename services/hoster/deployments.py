@@ -46,6 +46,8 @@ class Deployments:
         self.database, self.factory = database, factory
         self.root = settings.root(data_dir)
         self._engines: dict[str, Engine] = {}
+        # When each deployment's engine died lately (the watchdog's crash-loop rule).
+        self._crashes: dict[str, list[float]] = {}
 
     # -- requests (quick, database only) ------------------------------------------------------
     def request(self, tenant: str, model: str) -> tuple[Deployment, bool]:
@@ -206,6 +208,36 @@ class Deployments:
             self._update(deployment.id, status="pending", pid=None)
             relaunch.append(deployment.id)
         return relaunch
+
+    def crashed(self, now: float) -> tuple[list[str], list[Deployment]]:
+        """The ready deployments whose engine process has died: (those to start again, those
+        failed for crashing `crash_limit` times within `crash_window_s`, with the log's tail)."""
+        again, failed = [], []
+        for deployment_id, engine in list(self._engines.items()):
+            if engine.alive():
+                continue
+            del self._engines[deployment_id]
+            recent = [
+                t
+                for t in self._crashes.get(deployment_id, [])
+                if now - t < self.settings.crash_window_s
+            ]
+            recent.append(now)
+            self._crashes[deployment_id] = recent
+            tail = engine.log_tail()
+            if len(recent) >= self.settings.crash_limit:
+                message = (
+                    f"the engine crashed {len(recent)} times within "
+                    f"{self.settings.crash_window_s:g} s; its log ends: {tail}"
+                )
+                failed.append(self._update(deployment_id, status="failed", pid=None, error=message))
+                continue
+            log.warning(
+                "deployment %s: its engine died; starting it again. Log: %s", deployment_id, tail
+            )
+            self._update(deployment_id, status="pending", pid=None)
+            again.append(deployment_id)
+        return again, failed
 
     def forget_all(self) -> None:
         """At shutdown: engines keep serving (deployments outlive the hoster); forget them."""

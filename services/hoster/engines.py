@@ -62,6 +62,10 @@ class Engine(Protocol):
 
     def stop(self) -> None: ...
 
+    def log_tail(self) -> str:
+        """The end of its log, to say why it failed."""
+        ...
+
 
 @dataclass
 class EngineSpec:

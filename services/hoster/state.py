@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +19,19 @@ from services.hoster.engines import EngineSpec, LoraEngine
 from services.hoster.errors import ArtifactFailed
 from services.hoster.eval_engines import EvalEngines
 from services.hoster.models import Deployment
+from services.hoster.served_names import Role, ServedNames
 from services.hoster.vllm_engine import deployment_engines
 from shared import bus
 from shared.db import session_scope
-from shared.events import DeploymentFailed, DeploymentReady, DeploymentStopped, EvalDecided, Event
+from shared.events import (
+    CanaryFailed,
+    CanaryPolicy,
+    DeploymentFailed,
+    DeploymentReady,
+    DeploymentStopped,
+    EvalDecided,
+    Event,
+)
 from shared.settings import Settings
 from shared.storage import ObjectStore
 
@@ -38,6 +48,7 @@ class Hoster:
     publish: Publish
     eval_engines: EvalEngines
     deployments: Deployments
+    served: ServedNames
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     @classmethod
@@ -57,7 +68,8 @@ class Hoster:
             database=database,
             factory=deployment_engines(hoster_settings),
         )
-        return cls(hoster_settings, data_dir, store, database, publish, evals, deployments)
+        served = ServedNames(database)
+        return cls(hoster_settings, data_dir, store, database, publish, evals, deployments, served)
 
     async def start(self) -> None:
         stopped = await asyncio.to_thread(self.eval_engines.stop_leftovers)
@@ -66,6 +78,31 @@ class Hoster:
         for deployment_id in await asyncio.to_thread(self.deployments.recover):
             log.info("deployment %s: its engine is gone; starting it again", deployment_id)
             self.launch(deployment_id)
+        watcher = asyncio.create_task(self.watch(), name="deployment watchdog")
+        self._tasks.add(watcher)
+        watcher.add_done_callback(self._tasks.discard)
+
+    async def watch(self) -> None:
+        """Start again the engines of ready deployments that died (a crash, an OOM kill); a
+        deployment whose engine keeps dying fails with its log's tail instead."""
+        while True:
+            await asyncio.sleep(self.settings.watch_interval_s)
+            try:
+                again, failed = await asyncio.to_thread(self.deployments.crashed, time.monotonic())
+            except Exception:  # the database away: tried again next round
+                log.exception("checking deployments' engines failed")
+                continue
+            for deployment in failed:
+                await self.publish(
+                    DeploymentFailed(
+                        tenant=deployment.tenant,
+                        deployment_id=deployment.id,
+                        reason=deployment.error or "failed",
+                    )
+                )
+                await self._publish_all(await asyncio.to_thread(self.served.stopped, deployment.id))
+            for deployment_id in again:
+                self.launch(deployment_id)
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -96,11 +133,75 @@ class Hoster:
         )
         await self.publish(registered)
         if event.auto_deploy and event.gate != "rejected":
-            deployment, new = await asyncio.to_thread(
-                self.deployments.request, event.tenant, version.id
+            # Under the job's suffix, if it has one: a name already served gets the new version
+            # as a canary (promoted or rolled back on its numbers), never as a replacement.
+            name = version.name.split(":")[2] if version.name.count(":") >= 3 else ""
+            canary = bool(name) and await asyncio.to_thread(
+                self.served.has_primary, event.tenant, name
             )
-            if new:
-                self.launch(deployment.id)
+            await self.deploy(
+                event.tenant,
+                version.id,
+                served_name=name or None,
+                role="canary" if canary else "primary",
+                percent=self.settings.canary_percent if canary else None,
+            )
+
+    async def deploy(
+        self,
+        tenant: str,
+        model: str,
+        *,
+        served_name: str | None = None,
+        role: Role = "primary",
+        percent: float | None = None,
+        policy: CanaryPolicy | None = None,
+    ) -> Deployment:
+        """A deployment of `model` (an active one reused), launched if new; under `served_name`
+        it takes `role` there once ready."""
+        deployment, new = await asyncio.to_thread(self.deployments.request, tenant, model)
+        if served_name is not None:
+            changed = await asyncio.to_thread(
+                self.served.attach, deployment, served_name, role, percent=percent, policy=policy
+            )
+            await self._publish_all(changed)
+        if new:
+            self.launch(deployment.id)
+        return await asyncio.to_thread(self.deployments.get, tenant, deployment.id)
+
+    async def _publish_all(self, events: list[Event]) -> None:
+        for event in events:
+            await self.publish(event)
+
+    # -- served names ----------------------------------------------------------------------------
+    async def promote(self, tenant: str, name: str) -> None:
+        await self._publish_all(await asyncio.to_thread(self.served.promote, tenant, name))
+
+    async def rollback(self, tenant: str, name: str) -> None:
+        changed = await asyncio.to_thread(
+            self.served.rollback, tenant, name, reason="rolled back by request"
+        )
+        await self._publish_all(changed)
+
+    async def set_canary(
+        self, tenant: str, name: str, percent: float | None, policy: CanaryPolicy | None
+    ) -> None:
+        changed = await asyncio.to_thread(self.served.set_percent, tenant, name, percent, policy)
+        await self._publish_all(changed)
+
+    async def canary_failed(self, event: CanaryFailed) -> None:
+        """A gateway saw the canary cross its policy: take it out (once, whoever said so)."""
+        said = f"{event.reason}: {event.errors} errors in {event.requests} calls" + (
+            f", p95 {event.p95_ms:.0f} ms" if event.p95_ms is not None else ""
+        )
+        changed = await asyncio.to_thread(
+            self.served.rollback, event.tenant, event.name, reason=said, failed=event
+        )
+        if changed:
+            log.warning(
+                "served name %s (%s): canary rolled back: %s", event.name, event.tenant, said
+            )
+        await self._publish_all(changed)
 
     # -- deployments ------------------------------------------------------------------------
     def launch(self, deployment_id: str) -> None:
@@ -120,6 +221,7 @@ class Hoster:
                     version_id=deployment.version_id,
                 )
             )
+            await self._publish_all(await asyncio.to_thread(self.served.ready, deployment.id))
         elif deployment.status == "failed":
             await self.publish(
                 DeploymentFailed(
@@ -138,4 +240,5 @@ class Hoster:
                 served_model_name=deployment.served_model_name,
             )
         )
+        await self._publish_all(await asyncio.to_thread(self.served.stopped, deployment.id))
         return deployment

@@ -13,8 +13,10 @@ proxied call pays for no framework routing, dependency resolution or per-request
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qsl
 
 import orjson
@@ -29,7 +31,7 @@ from services.ingest.errors import error_response, model_not_found
 from services.ingest.proxy import Incoming, UpstreamUnreachable, forward, parse_tags
 from services.ingest.proxy_routes import GEMINI_ACTIONS
 from services.ingest.purpose import PurposeRefused, check_tags, purpose_tag
-from services.ingest.routing import VERSION_TAG_PREFIX, Api, RoutingTable
+from services.ingest.routing import VERSION_TAG_PREFIX, Api, Route, RoutingTable
 from services.ingest.upstream_pool import UpstreamPool
 from shared.auth import (
     ACCEPTED_KEY_SOURCES,
@@ -42,6 +44,7 @@ from shared.auth import (
     presented_key,
 )
 from shared.auth import Scope as AuthScope
+from shared.events import Event
 
 log = logging.getLogger("tuneloop.ingest.gateway")
 
@@ -63,9 +66,13 @@ class Gateway:
         authenticator: CachedAuthenticator,
         capture: Callable[[CapturedCall], object],  # what it returns is not used
         served_by: str = "ingest",
+        report: Callable[[Event], Awaitable[None]] | None = None,
     ) -> None:
         self.settings = settings
         self.routes = routes
+        # Where a canary's verdict goes (the bus): off the caller's path, after its answer.
+        self._report = report
+        self._reports: set[asyncio.Task[None]] = set()
         self._authenticator = authenticator
         self._capture = capture
         # Sent with every answer, as the ServedBy middleware does for FastAPI's routes.
@@ -133,7 +140,11 @@ class Gateway:
             return
         incoming, tenant, model = outcome
         routes = self.routes
-        route = routes.resolve(api, model, tenant) if model is not None else routes.first(api)
+        route = (
+            routes.resolve(api, model, tenant, lambda: split_key(incoming, tenant))
+            if model is not None
+            else routes.first(api)
+        )
         if route is None:
             refusal = (
                 model_not_found(api, model, path=incoming.raw_path)
@@ -144,8 +155,10 @@ class Gateway:
             return
         if route.tags:  # a deployment's answer: the sample says which version gave it
             incoming.tags = [*incoming.tags, *route.tags]
+        started = time.perf_counter()
+        status = 502
         try:
-            await forward(
+            status = await forward(
                 client=self.client,
                 incoming=incoming,
                 route=route,
@@ -164,6 +177,29 @@ class Gateway:
                 api, 502, f"upstream {route.upstream} could not be reached ({exc})"
             )
             await self.refuse(refusal, scope, receive, send)
+        finally:
+            if route.canary:
+                self._observe(tenant, route, status, (time.perf_counter() - started) * 1000)
+
+    def _observe(self, tenant: str, route: Route, status: int, latency_ms: float) -> None:
+        verdict = self.routes.observe(tenant, route, status < 500, latency_ms)
+        if verdict is None:
+            return
+        log.warning(
+            "served name %s of tenant %s: canary %s stopped here (%s); reporting it",
+            verdict.name, tenant, verdict.deployment_id, verdict.reason,
+        )  # fmt: skip
+        if self._report is not None:
+            task = asyncio.create_task(self._send_report(verdict))
+            self._reports.add(task)
+            task.add_done_callback(self._reports.discard)
+
+    async def _send_report(self, event: Event) -> None:
+        assert self._report is not None
+        try:
+            await self._report(event)
+        except Exception:  # the bus away: this gateway has stopped the canary's share anyway
+            log.exception("canary verdict for %s not published", event.event_id)
 
     async def _prepare(
         self,
@@ -241,6 +277,15 @@ class Gateway:
             self._capture(call)
         except Exception:  # capture must never hurt the call that was already answered
             log.exception("capture of call %s failed", call.request_id)
+
+
+def split_key(incoming: Incoming, tenant: str) -> bytes:
+    """What a canary split hashes: the caller's X-Request-Id when it sends one, else its
+    tenant and body, so a retried call lands on the version that answered it first."""
+    for name, value in incoming.headers:
+        if name == b"x-request-id" and value:
+            return value
+    return tenant.encode() + b"\0" + incoming.body
 
 
 def gemini_method(model_action: str) -> tuple[str, bool] | Response:

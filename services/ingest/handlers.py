@@ -29,6 +29,7 @@ from shared.events import (
     DeploymentReady,
     DeploymentStopped,
     SampleCaptured,
+    ServedNameChanged,
 )
 from shared.storage import ObjectNotFound, ObjectStore
 
@@ -128,6 +129,16 @@ def build_router(
             event.deployment_id,
             event.version_id,
         )
+
+    @bus.watch(router, ServedNameChanged)
+    async def route_served_name(event: ServedNameChanged) -> None:
+        routes.set_served(event)
+        log.info(
+            "served name %s of tenant %s (revision %d): primary %s, canary %s at %g %%",
+            event.name, event.tenant, event.revision,
+            event.primary.deployment_id if event.primary else None,
+            event.canary.deployment_id if event.canary else None, event.canary_percent,
+        )  # fmt: skip
 
     @bus.watch(router, DeploymentStopped)
     async def unroute_deployment(event: DeploymentStopped) -> None:

@@ -171,8 +171,9 @@ async def forward(
     response_headers: Headers,
     capture: Callable[[CapturedCall], None] | None,
     model_from_path: str | None = None,
-) -> None:
-    """Relay the call; raises UpstreamUnreachable before anything was sent to the client.
+) -> int:
+    """Relay the call and return the upstream's status; raises UpstreamUnreachable before
+    anything was sent to the client.
 
     `path` is the API path the capture records; the upstream gets the client's raw path.
     `response_headers` are added to the upstream's (the gateway's own `x-tuneloop-served-by`).
@@ -231,6 +232,7 @@ async def forward(
             await _relay_stream(upstream, start, receive, send, tap, journal)
     finally:
         upstream.release()
+    return upstream.status
 
 
 async def _relay_whole(

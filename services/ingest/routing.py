@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import fnmatch
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
+
+from services.ingest.served import Served
+from shared.events import CanaryFailed, ServedNameChanged, ServedTarget
 
 Api = Literal["openai", "anthropic", "gemini"]
 APIS: tuple[str, ...] = get_args(Api)
@@ -38,6 +42,9 @@ class Route:
     base_url: str
     api_key: str | None
     tags: tuple[str, ...] = ()
+    # A served name's call (served.py): the name, and whether its canary answers it.
+    served_name: str | None = None
+    canary: bool = False
 
 
 @dataclass(frozen=True)
@@ -48,10 +55,18 @@ class Deployed:
     endpoint_url: str
     version_id: str | None = None
 
-    def route(self) -> Route:
+    def route(self, served_name: str | None = None, canary: bool = False) -> Route:
         tags = (VERSION_TAG_PREFIX + self.version_id,) if self.version_id else ()
         name = f"deployment:{self.deployment_id}"
-        return Route(name, "openai", self.endpoint_url.rstrip("/"), None, tags)
+        base = self.endpoint_url.rstrip("/")
+        return Route(name, "openai", base, None, tags, served_name, canary)
+
+    @classmethod
+    def of(cls, target: ServedTarget) -> Deployed:
+        # An engine's OpenAI base URL ends in /v1, as an SDK's does; the gateway sends the
+        # caller's own path (/v1/chat/completions) to the server's root, as for upstreams.
+        root = target.endpoint_url.rstrip("/").removesuffix("/v1")
+        return cls(target.deployment_id, root, target.version_id)
 
 
 @dataclass(frozen=True)
@@ -117,11 +132,22 @@ class RoutingTable:
     # Deployment ids that stopped. Ready and stopped events arrive on separate consumers, so at
     # start-up a deployment's "stopped" may be replayed before its "ready"; ids are never reused.
     stopped: set[str] = field(default_factory=set)
+    # (tenant, served name) -> where its calls go (served.py); before deployments' own names.
+    served: dict[tuple[str, str], Served] = field(default_factory=dict)
     _resolved: dict[tuple[str, str], Route | None] = field(default_factory=dict, repr=False)
 
-    def resolve(self, api: Api, model: str, tenant: str) -> Route | None:
+    def resolve(
+        self, api: Api, model: str, tenant: str, split_key: Callable[[], bytes] | None = None
+    ) -> Route | None:
         """The route for `tenant`'s call to `model` in the `api` family, or None (the caller
-        answers 404). The tenant's own deployments come first, then the upstreams file."""
+        answers 404). The tenant's served names come first (`split_key`: what a canary split
+        hashes, asked only when there is one), then its deployments, then the upstreams file."""
+        if api == "openai" and self.served:
+            served = self.served.get((tenant, model))
+            picked = served.pick(split_key or (lambda: b"")) if served is not None else None
+            if picked is not None:
+                target, canary = picked
+                return Deployed.of(target).route(model, canary)
         if api == "openai" and self.deployments:
             deployed = self.deployments.get((tenant, model))
             if deployed is not None:
@@ -157,6 +183,22 @@ class RoutingTable:
             root = endpoint_url.rstrip("/").removesuffix("/v1")
             deployed = Deployed(deployment_id, root, version_id)
             self.deployments[(tenant, served_model_name)] = deployed
+
+    def set_served(self, event: ServedNameChanged) -> None:
+        """The newest state of a served name wins, whatever order the events come in."""
+        key = (event.tenant, event.name)
+        current = self.served.get(key)
+        if current is None or current.revision < event.revision:
+            self.served[key] = Served(event.tenant, event)
+
+    def observe(
+        self, tenant: str, route: Route, ok: bool, latency_ms: float
+    ) -> CanaryFailed | None:
+        """A served name's canary answered (or failed) a call: its verdict when it crosses."""
+        if not route.canary or route.served_name is None:
+            return None
+        served = self.served.get((tenant, route.served_name))
+        return served.observe(ok, latency_ms) if served is not None else None
 
     def remove_deployment(self, *, tenant: str, served_model_name: str, deployment_id: str) -> None:
         self.stopped.add(deployment_id)

@@ -27,7 +27,7 @@ from services.ingest.shipper_child import ShipperChild
 from services.ingest.traces import TraceReceiver
 from shared import accel, bus
 from shared.auth import CachedAuthenticator
-from shared.events import SampleCaptured
+from shared.events import Event, SampleCaptured
 from shared.settings import Settings
 from shared.storage import ObjectStore
 
@@ -71,6 +71,9 @@ class Ingest:
         async def publish(event: SampleCaptured) -> None:
             await bus.publish(broker, event)
 
+        async def publish_event(event: Event) -> None:
+            await bus.publish(broker, event)
+
         def can_publish() -> bool:
             return broker.connection is not None and broker.connection.is_connected
 
@@ -92,6 +95,7 @@ class Ingest:
             routes=routes,
             authenticator=CachedAuthenticator(engine, ttl_s=ingest_settings.auth_cache_ttl_s),
             capture=journal.append,
+            report=publish_event,
         )
         control_client = forwarding.control_client()
         mapper = ExportMapper(

@@ -321,6 +321,8 @@ def test_aliases_over_http_with_the_openai_sdk(hoster_api: Api) -> None:
     assert removed == {"status": 200, "object": "model.alias", "model": FT, "alias": "production",
                        "deleted": True}  # fmt: skip
     assert api_.send("DELETE", f"{path}/production")["status"] == 404
+    last = [e for e in api_.published if isinstance(e, ModelAliasChanged)][-1]
+    assert (last.alias, last.model_version, last.previous_version) == ("production", None, 2)
 
 
 def test_archive_and_delete_over_http_with_the_openai_sdk(hoster_api: Api) -> None:

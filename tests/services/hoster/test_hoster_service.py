@@ -22,15 +22,18 @@ from faststream.nats import NatsBroker
 from sqlmodel import Session
 
 from services.hoster.engines import stop_leftovers
+from services.hoster.models import Deployment
 from shared import auth, bus, db, localstack
 from shared.events import (
     DEPLOYMENTS,
     MODELS,
     DeploymentReady,
+    DeploymentRolledBack,
     DeploymentStopped,
     EvalDecided,
     Event,
     ModelRegistered,
+    ServedNameChanged,
 )
 from shared.settings import Settings
 from shared.storage import COMMIT_MARKER, ObjectStore
@@ -80,7 +83,11 @@ def hoster(
     process = RunningProcess(
         localstack.component(settings, "hoster"),
         tmp / "logs" / "hoster.log",
-        env=settings_env(settings) | {"TUNELOOP_HOSTER_ENGINE_LOAD_TIMEOUT_S": "240"},
+        env=settings_env(settings)
+        | {
+            "TUNELOOP_HOSTER_ENGINE_LOAD_TIMEOUT_S": "240",
+            "TUNELOOP_HOSTER_WATCH_INTERVAL_S": "0.5",
+        },
     )
     process.start()
     try:
@@ -359,3 +366,94 @@ async def test_a_catalogue_base_is_deployed_under_its_id(
     assert [m.id for m in client.models.list().data] == [BASE_ID]
     path = f"/v1/deployments/{ready['deployment_id']}"
     assert hoster.send("DELETE", path).json()["status"] == "stopped"
+
+
+async def test_a_second_version_of_a_served_name_starts_as_its_canary_and_is_promoted_or_rolled_back(
+    hoster: Hoster, broker: NatsBroker
+) -> None:
+    def changed(revision: int) -> Callable[[dict[str, Any]], bool]:
+        return lambda event: event["name"] != "support" or event["revision"] != revision
+
+    versions = {}
+    for n, job in enumerate(("ftjob-support-1", "ftjob-support-2"), start=1):
+        uri = store_checkpoint(
+            hoster.store, hoster.work, tenant=hoster.tenant, job_id=job, step=10, seed=n
+        )
+        event = decision(hoster, job, uri, fine_tuned_model=f"ft:{BASE_ID}:support:{job}")
+        await bus.publish(broker, event)
+        state = await next_event(
+            broker, ServedNameChanged, hoster.tenant, DEPLOYMENTS.name, 300, skip=changed(n)
+        )
+        versions[job] = state
+    first, second = versions["ftjob-support-1"], versions["ftjob-support-2"]
+    # The first auto-deployed version answers the job's suffix; the second shares it as a canary.
+    assert first["primary"]["version_id"] is not None
+    assert first["canary"] is None
+    assert second["primary"] == first["primary"]
+    assert second["canary"]["deployment_id"] != first["primary"]["deployment_id"]
+    assert second["canary_percent"] == 10.0  # TUNELOOP_HOSTER_CANARY_PERCENT
+    canary_id = second["canary"]["deployment_id"]
+    listed = hoster.get("/v1/served_names").json()["data"]
+    assert [(s["name"], s["canary"]) for s in listed if s["name"] == "support"] == [
+        ("support", canary_id)
+    ]
+    assert hoster.get("/v1/served_names/nope").status_code == 404
+
+    promoted = hoster.send("POST", "/v1/served_names/support/promote").json()
+    assert (promoted["primary"], promoted["canary"]) == (canary_id, None)
+    assert promoted["previous"] == first["primary"]["deployment_id"]
+    assert hoster.send("POST", "/v1/served_names/support/promote").status_code == 409
+    back = hoster.send("POST", "/v1/served_names/support/rollback").json()
+    assert back["primary"] == first["primary"]["deployment_id"]
+    rolled = await next_event(
+        broker, DeploymentRolledBack, hoster.tenant, DEPLOYMENTS.name, 30,
+        skip=lambda event: event["name"] != "support",
+    )  # fmt: skip
+    assert (rolled["deployment_id"], rolled["reason"]) == (canary_id, "rolled back by request")
+    state = await next_event(
+        broker, ServedNameChanged, hoster.tenant, DEPLOYMENTS.name, 30, skip=changed(4)
+    )
+    assert state["primary"]["deployment_id"] == first["primary"]["deployment_id"]
+    for deployment in hoster.get("/v1/deployments").json()["data"]:
+        if deployment["served_name"] == "support" and deployment["status"] == "ready":
+            hoster.send("DELETE", f"/v1/deployments/{deployment['id']}")
+
+
+async def test_an_engine_that_dies_is_started_again_and_announced_at_its_new_address(
+    hoster: Hoster, broker: NatsBroker
+) -> None:
+    job = "ftjob-crashy"
+    uri = store_checkpoint(hoster.store, hoster.work, tenant=hoster.tenant, job_id=job, step=10)
+    event = decision(hoster, job, uri, auto_deploy=False, fine_tuned_model=f"ft:{BASE_ID}:x:{job}")
+    await bus.publish(broker, event)
+    for _ in range(200):
+        if hoster.get(f"/v1/models/{event.fine_tuned_model}").status_code == 200:
+            break
+        await asyncio.sleep(0.1)
+    body = {"model": event.fine_tuned_model, "served_name": "crashy"}
+    deployment_id = hoster.send("POST", "/v1/deployments", json=body).json()["id"]
+
+    def ready_of(seen: set[str]) -> Callable[[dict[str, Any]], bool]:
+        return lambda e: e["deployment_id"] != deployment_id or e["endpoint_url"] in seen
+
+    first = await next_event(broker, DeploymentReady, hoster.tenant, DEPLOYMENTS.name, 300,
+                             skip=ready_of(set()))  # fmt: skip
+    with Session(db.make_engine(hoster.settings.database_url)) as session:
+        row = session.get(Deployment, deployment_id)
+        assert row is not None
+        assert row.pid is not None
+        os.kill(row.pid, signal.SIGKILL)
+    again = await next_event(broker, DeploymentReady, hoster.tenant, DEPLOYMENTS.name, 300,
+                             skip=ready_of({first["endpoint_url"]}))  # fmt: skip
+    state = await next_event(
+        broker, ServedNameChanged, hoster.tenant, DEPLOYMENTS.name, 30,
+        skip=lambda e: e["name"] != "crashy" or e["primary"]["endpoint_url"] != again["endpoint_url"],
+    )  # fmt: skip
+    assert state["primary"]["deployment_id"] == deployment_id
+    client = openai.OpenAI(base_url=again["endpoint_url"], api_key="unused", max_retries=0)
+    answer = client.chat.completions.create(
+        model=event.fine_tuned_model, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
+    assert answer.choices[0].finish_reason is not None
+    assert hoster.get(f"/v1/deployments/{deployment_id}").json()["status"] == "ready"
+    hoster.send("DELETE", f"/v1/deployments/{deployment_id}")

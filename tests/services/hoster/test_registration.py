@@ -15,6 +15,7 @@ from services.hoster.config import HosterSettings
 from services.hoster.deployments import Deployments
 from services.hoster.eval_engines import EvalEngines
 from services.hoster.models import Deployment, ModelVersion
+from services.hoster.served_names import ServedNames
 from services.hoster.state import Hoster
 from shared import bus
 from shared.events import EvalDecided, Event, ModelRegistered
@@ -47,6 +48,7 @@ def hoster_parts(
         publish,
         EvalEngines(**common, factory=no_engine),  # type: ignore[arg-type]
         Deployments(**common, database=db_engine, factory=no_engine),  # type: ignore[arg-type]
+        ServedNames(db_engine),
     )
     return hoster, published
 
