@@ -80,6 +80,9 @@ class ServedName(SQLModel, table=True):
     primary_id: str | None = Field(default=None, max_length=64)
     canary_id: str | None = Field(default=None, max_length=64)
     canary_percent: float = 0.0
+    # A candidate mirrored `shadow_percent` of the calls: its answers are kept, never returned.
+    shadow_id: str | None = Field(default=None, max_length=64)
+    shadow_percent: float = 0.0
     previous_id: str | None = Field(default=None, max_length=64)
     policy: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
     revision: int = 0
