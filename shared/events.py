@@ -551,8 +551,8 @@ class ServedTarget(BaseModel):
 
 
 class ServedNameChanged(Event):
-    """What answers a tenant's served name now: `primary`, and `canary` for `canary_percent` of
-    the calls (split by the caller's X-Request-Id, else by tenant and body, so a retry lands on
+    """What answers a tenant's served name now: `primary`, `canary` for `canary_percent` of
+    the calls, `shadow` mirrored a share (split by the caller's X-Request-Id, else by tenant and body, so a retry lands on
     the same version). The gateway keeps the highest `revision` it has seen per name."""
 
     event_name = "deployment.served_name_changed"
@@ -563,6 +563,10 @@ class ServedNameChanged(Event):
     canary: ServedTarget | None = None
     canary_percent: float = Field(default=0.0, ge=0, le=100)
     rollback: CanaryPolicy = Field(default_factory=CanaryPolicy)
+    # Mirrored `shadow_percent` of the primary's calls after they are answered: its answers
+    # are kept as samples (purpose:shadow, paired with the primary's), never returned.
+    shadow: ServedTarget | None = None
+    shadow_percent: float = Field(default=0.0, ge=0, le=100)
 
 
 class CanaryFailed(Event):

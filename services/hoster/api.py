@@ -15,7 +15,7 @@ from sqlmodel import Session
 from services.hoster import aliases, registry
 from services.hoster.errors import HosterError
 from services.hoster.models import Deployment, ModelAlias, ServedName
-from services.hoster.served_names import NAME_PATTERN
+from services.hoster.served_names import NAME_PATTERN, Role
 from services.hoster.state import Hoster
 from shared import auth
 from shared.db import get_session
@@ -124,20 +124,36 @@ class DeploymentCreate(BaseModel):
     canary_percent: float | None = Field(
         default=None, gt=0, le=100, description="deploy as the served name's canary"
     )
+    shadow_percent: float | None = Field(
+        default=None,
+        gt=0,
+        le=100,
+        description="deploy as the served name's shadow: this share of its calls mirrored to it",
+    )
     rollback: CanaryPolicy | None = Field(
         default=None, description="when a canary is rolled back by itself"
     )
 
     @model_validator(mode="after")
     def _canary_needs_a_name(self) -> DeploymentCreate:
-        if self.canary_percent is not None and self.served_name is None:
-            raise ValueError("canary_percent: a canary shares a served_name: give one")
+        if self.canary_percent is not None and self.shadow_percent is not None:
+            raise ValueError("canary_percent, shadow_percent: a deployment is one or the other")
+        for field, value in (("canary_percent", self.canary_percent),
+                             ("shadow_percent", self.shadow_percent)):  # fmt: skip
+            if value is not None and self.served_name is None:
+                raise ValueError(f"{field}: it shares a served_name: give one")
         return self
+
+    def role(self) -> Role:
+        if self.canary_percent is not None:
+            return "canary"
+        return "shadow" if self.shadow_percent is not None else "primary"
 
 
 class ServedNameUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     canary_percent: float | None = Field(default=None, ge=0, le=100)
+    shadow_percent: float | None = Field(default=None, ge=0, le=100)
     rollback: CanaryPolicy | None = None
 
 
@@ -147,6 +163,8 @@ class ServedNameObject(BaseModel):
     primary: str | None = Field(description="the deployment answering it")
     canary: str | None = Field(description="the deployment taking canary_percent of its calls")
     canary_percent: float
+    shadow: str | None = Field(description="the deployment mirrored shadow_percent of its calls")
+    shadow_percent: float
     previous: str | None = Field(description="what a rollback without a canary goes back to")
     rollback: CanaryPolicy
     revision: int
@@ -159,6 +177,8 @@ class ServedNameObject(BaseModel):
             primary=row.primary_id,
             canary=row.canary_id,
             canary_percent=row.canary_percent,
+            shadow=row.shadow_id,
+            shadow_percent=row.shadow_percent,
             previous=row.previous_id,
             rollback=CanaryPolicy.model_validate(row.policy or {}),
             revision=row.revision,
@@ -178,7 +198,7 @@ class DeploymentObject(BaseModel):
     version_id: str | None = Field(description="the registry version served; null for a base")
     status: Literal["pending", "ready", "failed", "stopped"]
     served_name: str | None = None
-    role: Literal["primary", "canary"] | None = None
+    role: Role | None = None
     endpoint_url: str | None
     error: str | None
     created_at: int
@@ -301,8 +321,8 @@ async def create_deployment(
         principal.tenant_id,
         body.model,
         served_name=body.served_name,
-        role="canary" if body.canary_percent is not None else "primary",
-        percent=body.canary_percent,
+        role=body.role(),
+        percent=body.canary_percent if body.canary_percent is not None else body.shadow_percent,
         policy=body.rollback,
     )
     return DeploymentObject.of(row)
@@ -350,7 +370,9 @@ async def get_served_name(name: str, principal: TenantDep, hoster: HosterDep) ->
 async def update_served_name(
     name: str, body: ServedNameUpdate, principal: TenantDep, hoster: HosterDep
 ) -> ServedNameObject:
-    await hoster.set_canary(principal.tenant_id, name, body.canary_percent, body.rollback)
+    await hoster.set_canary(
+        principal.tenant_id, name, body.canary_percent, body.rollback, body.shadow_percent
+    )
     return await _served(hoster, principal.tenant_id, name)
 
 

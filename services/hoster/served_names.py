@@ -9,7 +9,10 @@ on. A deployment asked for under a served name takes its place there once it is 
   engine runs on until it is undeployed): nothing in flight fails;
 - as `canary`: it gets `canary_percent` of the calls until it is promoted (it becomes the
   primary) or rolled back (taken out; by hand, or by itself when a gateway sees its error rate
-  or p95 latency cross the name's policy: `deployment.canary_failed`).
+  or p95 latency cross the name's policy: `deployment.canary_failed`);
+- as `shadow`: `shadow_percent` of the primary's calls are sent to it too, after they are
+  answered; its answers are kept as samples paired with the primary's (for the evaluator's
+  pairwise score), never returned. Promote and rollback act on the canary, else the shadow.
 Every change bumps the name's `revision` and is published whole (`deployment.served_name_changed`),
 so a gateway that replays the stream ends at the newest state whatever the order.
 """
@@ -34,7 +37,7 @@ from shared.events import (
     ServedTarget,
 )
 
-Role = Literal["primary", "canary"]
+Role = Literal["primary", "canary", "shadow"]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
@@ -74,14 +77,16 @@ class ServedNames:
         is (`ready`). A canary needs a primary to share with."""
         with session_scope(self.database) as session:
             row = session.get(ServedName, (deployment.tenant, name))
-            if role == "canary" and (row is None or row.primary_id is None):
+            if role != "primary" and (row is None or row.primary_id is None):
                 raise Conflict(
                     f"served_name: {name!r} has no primary yet; deploy the first version as its "
-                    "primary (no canary_percent)"
+                    f"primary (no canary_percent or shadow_percent), then the {role}"
                 )
             if row is None:
                 row = ServedName(tenant=deployment.tenant, name=name)
-            if percent is not None:
+            if percent is not None and role == "shadow":
+                row.shadow_percent = percent
+            elif percent is not None:
                 row.canary_percent = percent
             if policy is not None:
                 row.policy = policy.model_dump()
@@ -108,11 +113,13 @@ class ServedNames:
         row = session.get(ServedName, (deployment.tenant, deployment.served_name))
         if row is None:
             row = ServedName(tenant=deployment.tenant, name=deployment.served_name)
-        if deployment.id in (row.primary_id, row.canary_id):
+        if deployment.id in (row.primary_id, row.canary_id, row.shadow_id):
             # In place already: a relaunched engine (a restarted hoster) has a new endpoint.
             return [self._save(session, row)]
         if deployment.role == "canary" and row.primary_id is not None:
             row.canary_id = deployment.id
+        elif deployment.role == "shadow" and row.primary_id is not None:
+            row.shadow_id = deployment.id
         else:
             row.previous_id, row.primary_id = row.primary_id, deployment.id
             if row.canary_id == deployment.id:
@@ -120,22 +127,35 @@ class ServedNames:
         return [self._save(session, row)]
 
     def promote(self, tenant: str, name: str) -> list[Event]:
-        """The canary becomes the primary; the primary it replaces is the rollback target."""
+        """The canary (else the shadow) becomes the primary; the primary it replaces is the
+        rollback target."""
         with session_scope(self.database) as session:
             row = self._row(session, tenant, name)
-            if row.canary_id is None:
-                raise Conflict(f"served name {name!r} has no canary to promote")
-            row.previous_id, row.primary_id, row.canary_id = row.primary_id, row.canary_id, None
+            candidate = row.canary_id or row.shadow_id
+            if candidate is None:
+                raise Conflict(f"served name {name!r} has no canary or shadow to promote")
+            if row.canary_id == candidate:
+                row.canary_id = None
+            else:
+                row.shadow_id = None
+            row.previous_id, row.primary_id = row.primary_id, candidate
             self._set_role(session, row.primary_id, "primary")
             return [self._save(session, row)]
 
     def set_percent(
-        self, tenant: str, name: str, percent: float | None, policy: CanaryPolicy | None
+        self,
+        tenant: str,
+        name: str,
+        percent: float | None,
+        policy: CanaryPolicy | None,
+        shadow_percent: float | None = None,
     ) -> list[Event]:
         with session_scope(self.database) as session:
             row = self._row(session, tenant, name)
             if percent is not None:
                 row.canary_percent = percent
+            if shadow_percent is not None:
+                row.shadow_percent = shadow_percent
             if policy is not None:
                 row.policy = policy.model_dump()
             return [self._save(session, row)]
@@ -154,14 +174,17 @@ class ServedNames:
             if row.canary_id is not None:
                 out, restored = row.canary_id, row.primary_id
                 row.canary_id = None
+            elif row.shadow_id is not None and failed is None:
+                out, restored = row.shadow_id, row.primary_id
+                row.shadow_id = None
             elif row.previous_id is not None and self._is_ready(session, row.previous_id):
                 out, restored = row.primary_id, row.previous_id
                 row.primary_id, row.previous_id = row.previous_id, None
                 self._set_role(session, restored, "primary")
             else:
                 raise Conflict(
-                    f"served name {name!r} has no canary and no ready previous version to roll "
-                    "back to"
+                    f"served name {name!r} has no canary, no shadow and no ready previous version "
+                    "to roll back to"
                 )
             changed = self._save(session, row)
         rolled = DeploymentRolledBack(
@@ -185,13 +208,15 @@ class ServedNames:
             row = session.get(ServedName, (deployment.tenant, deployment.served_name))
             if row is None:
                 return []
-            held = deployment_id in (row.primary_id, row.canary_id, row.previous_id)
+            held = deployment_id in (row.primary_id, row.canary_id, row.shadow_id, row.previous_id)
             if not held:
                 return []
             if row.primary_id == deployment_id:
                 row.primary_id = None
             if row.canary_id == deployment_id:
                 row.canary_id = None
+            if row.shadow_id == deployment_id:
+                row.shadow_id = None
             if row.previous_id == deployment_id:
                 row.previous_id = None
             return [self._save(session, row)]
@@ -234,7 +259,7 @@ def changed_event(session: Session, row: ServedName) -> ServedNameChanged:
             deployment_id=found.id, endpoint_url=found.endpoint_url, version_id=found.version_id
         )
 
-    canary = target(row.canary_id)
+    canary, shadow = target(row.canary_id), target(row.shadow_id)
     return ServedNameChanged(
         # One id per revision: a republished state is stored once.
         event_id=f"served-{row.tenant}-{row.name}-{row.revision}"[:128],
@@ -245,4 +270,6 @@ def changed_event(session: Session, row: ServedName) -> ServedNameChanged:
         canary=canary,
         canary_percent=row.canary_percent if canary is not None else 0.0,
         rollback=CanaryPolicy.model_validate(row.policy or {}),
+        shadow=shadow,
+        shadow_percent=row.shadow_percent if shadow is not None else 0.0,
     )

@@ -184,9 +184,16 @@ class Hoster:
         await self._publish_all(changed)
 
     async def set_canary(
-        self, tenant: str, name: str, percent: float | None, policy: CanaryPolicy | None
+        self,
+        tenant: str,
+        name: str,
+        percent: float | None,
+        policy: CanaryPolicy | None,
+        shadow_percent: float | None = None,
     ) -> None:
-        changed = await asyncio.to_thread(self.served.set_percent, tenant, name, percent, policy)
+        changed = await asyncio.to_thread(
+            self.served.set_percent, tenant, name, percent, policy, shadow_percent
+        )
         await self._publish_all(changed)
 
     async def canary_failed(self, event: CanaryFailed) -> None:

@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import parse_qsl
 
 import orjson
@@ -28,11 +32,19 @@ from services.ingest import targets
 from services.ingest.capture import CapturedCall
 from services.ingest.config import IngestSettings
 from services.ingest.errors import error_response, model_not_found
-from services.ingest.proxy import Incoming, UpstreamUnreachable, forward, parse_tags
+from services.ingest.proxy import (
+    Incoming,
+    UpstreamUnreachable,
+    forward,
+    parse_tags,
+    upstream_headers,
+    upstream_target,
+)
 from services.ingest.proxy_routes import GEMINI_ACTIONS
+from services.ingest.purpose import TAG_PREFIX as PURPOSE_PREFIX
 from services.ingest.purpose import PurposeRefused, check_tags, purpose_tag
 from services.ingest.routing import VERSION_TAG_PREFIX, Api, Route, RoutingTable
-from services.ingest.upstream_pool import UpstreamPool
+from services.ingest.upstream_pool import UpstreamError, UpstreamPool
 from shared.auth import (
     ACCEPTED_KEY_SOURCES,
     AuthError,
@@ -153,6 +165,16 @@ class Gateway:
             )
             await self.refuse(refusal, scope, receive, send)
             return
+        caller_tags = list(incoming.tags)
+        shadow = (
+            routes.shadow(tenant, route, lambda: split_key(incoming, tenant))
+            if route.served_name is not None and capture
+            else None
+        )
+        if shadow is not None:  # both answers carry the pair's tag, for pairwise scoring
+            pair = f"{SHADOW_PAIR_PREFIX}{os.urandom(8).hex()}"
+            incoming.tags.append(pair)
+            caller_tags += [pair, SHADOW_PURPOSE]
         if route.tags:  # a deployment's answer: the sample says which version gave it
             incoming.tags = [*incoming.tags, *route.tags]
         started = time.perf_counter()
@@ -180,6 +202,58 @@ class Gateway:
         finally:
             if route.canary:
                 self._observe(tenant, route, status, (time.perf_counter() - started) * 1000)
+        if shadow is not None and status < 500:
+            shadowed = replace(incoming, tags=[*caller_tags, *shadow.tags])
+            self._background(self._mirror(shadowed, shadow, api, path, tenant))
+
+    async def _mirror(
+        self, incoming: Incoming, route: Route, api: Api, path: str, tenant: str
+    ) -> None:
+        """Send an answered call to the served name's shadow too and keep its answer as a
+        sample (never the caller's: it has its answer already). A failure is logged only."""
+        started_at, start = datetime.now(UTC), time.perf_counter()
+        try:
+            upstream = await self.client.request(
+                incoming.method,
+                route.base_url,
+                upstream_target(incoming),
+                upstream_headers(incoming, route),
+                incoming.body,
+            )
+            try:
+                if upstream.content_length is not None:
+                    body = await upstream.read()
+                else:
+                    chunks = []
+                    while (chunk := await upstream.next_chunk()) is not None:
+                        chunks.append(chunk)
+                    body = b"".join(chunks)
+            finally:
+                upstream.release()
+        except UpstreamError as exc:
+            log.warning("shadow %s of tenant %s unreachable: %s", route.upstream, tenant, exc)
+            return
+        self._submit(
+            CapturedCall(
+                api=api,
+                tenant=tenant,
+                request_id=os.urandom(16).hex(),
+                request_body=incoming.body,
+                status=upstream.status,
+                response_body=body,
+                content_type=(upstream.header(b"content-type") or b"").decode("latin-1"),
+                content_encoding=(upstream.header(b"content-encoding") or b"").decode("latin-1"),
+                started_at=started_at,
+                latency_ms=(time.perf_counter() - start) * 1000,
+                tags=incoming.tags,
+                path=path,
+            )
+        )
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
 
     def _observe(self, tenant: str, route: Route, status: int, latency_ms: float) -> None:
         verdict = self.routes.observe(tenant, route, status < 500, latency_ms)
@@ -190,9 +264,7 @@ class Gateway:
             verdict.name, tenant, verdict.deployment_id, verdict.reason,
         )  # fmt: skip
         if self._report is not None:
-            task = asyncio.create_task(self._send_report(verdict))
-            self._reports.add(task)
-            task.add_done_callback(self._reports.discard)
+            self._background(self._send_report(verdict))
 
     async def _send_report(self, event: Event) -> None:
         assert self._report is not None
@@ -279,6 +351,12 @@ class Gateway:
             log.exception("capture of call %s failed", call.request_id)
 
 
+# Both samples of a mirrored call carry `shadow_pair:<id>`; the shadow's also `purpose:shadow`,
+# so dataset builds leave it out unless asked (services/ingest/purpose.py).
+SHADOW_PAIR_PREFIX = "shadow_pair:"
+SHADOW_PURPOSE = f"{PURPOSE_PREFIX}shadow"
+
+
 def split_key(incoming: Incoming, tenant: str) -> bytes:
     """What a canary split hashes: the caller's X-Request-Id when it sends one, else its
     tenant and body, so a retried call lands on the version that answered it first."""
@@ -302,14 +380,16 @@ def gemini_method(model_action: str) -> tuple[str, bool] | Response:
 
 
 def _check_version_tags(tags: list[str]) -> None:
-    """A caller's own tags may not pose as the version of a deployment (raises 400)."""
-    reserved = next((tag for tag in tags if tag.startswith(VERSION_TAG_PREFIX)), None)
-    if reserved is not None:
-        raise PurposeRefused(
-            400,
-            f"x-tuneloop-tags: {reserved[:40]!r} uses the reserved prefix {VERSION_TAG_PREFIX!r}; "
-            "the gateway tags the answers of a deployed model with its version",
-        )
+    """A caller's own tags may not pose as the version of a deployment or a shadow pair (raises
+    400)."""
+    for prefix in (VERSION_TAG_PREFIX, SHADOW_PAIR_PREFIX):
+        reserved = next((tag for tag in tags if tag.startswith(prefix)), None)
+        if reserved is not None:
+            raise PurposeRefused(
+                400,
+                f"x-tuneloop-tags: {reserved[:40]!r} uses the reserved prefix {prefix!r}; the "
+                "gateway tags the answers of a deployed model with its version and shadow pair",
+            )
 
 
 def _presented_key(headers: list[tuple[bytes, bytes]], query: str) -> str | None:

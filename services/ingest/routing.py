@@ -191,6 +191,14 @@ class RoutingTable:
         if current is None or current.revision < event.revision:
             self.served[key] = Served(event.tenant, event)
 
+    def shadow(self, tenant: str, route: Route, split_key: Callable[[], bytes]) -> Route | None:
+        """Where a served name's call its primary answers is mirrored, if anywhere."""
+        if route.canary or route.served_name is None:
+            return None
+        served = self.served.get((tenant, route.served_name))
+        target = served.shadow(split_key) if served is not None else None
+        return Deployed.of(target).route(route.served_name) if target is not None else None
+
     def observe(
         self, tenant: str, route: Route, ok: bool, latency_ms: float
     ) -> CanaryFailed | None:

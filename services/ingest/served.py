@@ -1,5 +1,6 @@
 """Served names at the gateway: a tenant's stable model name answered by a primary deployment
-and, while a change is tried, a canary taking a share of the calls (the hoster decides which;
+and, while a change is tried, a canary taking a share of the calls or a shadow mirrored a share
+(its answers kept as samples paired with the primary's, never returned) (the hoster decides which;
 `deployment.served_name_changed` says so, services/hoster/served_names.py).
 
 The split is by a hash of the caller's `X-Request-Id` when it sends one, else of its tenant and
@@ -50,6 +51,16 @@ class Served:
             assert event.canary is not None
             return event.canary, True
         return (event.primary, False) if event.primary is not None else None
+
+    def shadow(self, split_key: Callable[[], bytes]) -> ServedTarget | None:
+        """Where to mirror this call (one the primary answers), or None. Its own hash, so the
+        mirrored share is not the canary's share over again."""
+        event = self.event
+        if event.shadow is None or event.shadow_percent <= 0:
+            return None
+        if bucket(b"shadow\0" + split_key()) < event.shadow_percent * 100:
+            return event.shadow
+        return None
 
     def observe(self, ok: bool, latency_ms: float) -> CanaryFailed | None:
         """One call the canary answered (or failed); the verdict once, when it crosses."""

@@ -74,7 +74,7 @@ def test_a_switch_keeps_the_replaced_version_and_a_rollback_goes_back_to_it(
     assert (back.revision, back.primary.deployment_id) == (3, "dep-v1")
     assert isinstance(rolled, DeploymentRolledBack)
     assert (rolled.deployment_id, rolled.restored_deployment_id) == ("dep-v2", "dep-v1")
-    with pytest.raises(Conflict, match="no canary and no ready previous version"):
+    with pytest.raises(Conflict, match="no canary, no shadow and no ready previous version"):
         names.rollback("acme", "tickets", reason="again")
 
 
@@ -96,7 +96,7 @@ def test_a_canary_shares_the_name_until_promoted_and_a_gateways_verdict_rolls_it
     assert promoted.primary is not None
     assert (promoted.primary.deployment_id, promoted.canary) == ("dep-c1", None)
     assert names.get("acme", "support").previous_id == "dep-p1"
-    with pytest.raises(Conflict, match="no canary to promote"):
+    with pytest.raises(Conflict, match="no canary or shadow to promote"):
         names.promote("acme", "support")
 
     names.attach(deployment(database, "c2"), "support", "canary", percent=25, policy=None)
@@ -129,3 +129,26 @@ def test_an_undeployed_deployment_leaves_its_places_and_names_are_the_tenants_ow
     # A relaunched engine (a restarted hoster) is announced again at its new address.
     again = state(names.ready("dep-a"))
     assert again.revision == names.get("acme", "chat").revision
+
+
+def test_a_shadow_is_mirrored_a_share_and_promoted_or_rolled_back_like_a_canary(
+    database: Engine,
+) -> None:
+    names = ServedNames(database)
+    with pytest.raises(Conflict, match="then the shadow"):
+        names.attach(deployment(database, "s0"), "mirror", "shadow", percent=20, policy=None)
+    names.attach(deployment(database, "m1"), "mirror", "primary", percent=None, policy=None)
+    mirrored = state(names.attach(deployment(database, "s1"), "mirror", "shadow", percent=20,
+                                  policy=None))  # fmt: skip
+    assert mirrored.shadow is not None
+    assert (mirrored.shadow.deployment_id, mirrored.shadow_percent) == ("dep-s1", 20.0)
+    assert (mirrored.canary, mirrored.canary_percent) == (None, 0.0)
+    events = names.rollback("acme", "mirror", reason="its pairwise score lost")
+    assert state(events).shadow is None
+    rolled = events[-1]
+    assert isinstance(rolled, DeploymentRolledBack)
+    assert (rolled.deployment_id, rolled.restored_deployment_id) == ("dep-s1", "dep-m1")
+    names.attach(deployment(database, "s2"), "mirror", "shadow", percent=20, policy=None)
+    promoted = state(names.promote("acme", "mirror"))
+    assert promoted.primary is not None
+    assert (promoted.primary.deployment_id, promoted.shadow) == ("dep-s2", None)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import nats
 import openai
@@ -239,3 +240,46 @@ def test_switching_the_primary_under_steady_load_drops_no_call(edge: Edge) -> No
     assert {"old", "new"} <= set(answers)
     switched = answers.index("new")
     assert "old" not in answers[switched + 8 :]  # in flight at the switch at most
+
+
+def test_a_shadow_is_mirrored_answered_calls_and_both_answers_are_kept_as_a_pair(
+    edge: Edge,
+) -> None:
+    client = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=edge.key, max_retries=0)
+    with engines("live", "mirror") as (live, mirror):
+        state = served("mirrored", 1, live).model_copy(
+            update={"shadow": mirror.target, "shadow_percent": 100.0}
+        )
+        announce(edge.settings, state)
+        wait_answered_by(client, "mirrored", "live")
+        assert [ask(client, "mirrored", f"shadowed {n}") for n in range(5)] == ["live"] * 5
+
+        def pairs() -> list[dict[str, Any]]:
+            return edge.samples(tag="purpose:shadow", limit=100)
+
+        def mirrored(*texts: str) -> bool:
+            return set(texts) <= {s["messages"][0]["content"][0]["text"] for s in pairs()}
+
+        # Mirrored after the answer: wait for the five before the shadow starts failing.
+        asked = [f"shadowed {n}" for n in range(5)]
+        assert localstack.wait_until(lambda: mirrored(*asked), 40, interval_s=0.2)
+        mirror.failing = True  # a failing shadow never reaches the caller
+        assert ask(client, "mirrored", "while the shadow fails") == "live"
+        failing = "while the shadow fails"
+        assert localstack.wait_until(lambda: mirrored(failing), 40, interval_s=0.2)
+    shadows = {s["messages"][0]["content"][0]["text"]: s for s in pairs()}
+    for n in range(5):
+        shadow = shadows[f"shadowed {n}"]
+        [pair] = [t for t in shadow["tags"] if t.startswith("shadow_pair:")]
+        assert "model_version:mv-mirror" in shadow["tags"]
+        assert shadow["messages"][-1]["content"] == [{"type": "text", "text": "mirror"}]
+        [primary] = [s for s in edge.samples(tag=pair) if "purpose:shadow" not in s["tags"]]
+        assert "model_version:mv-live" in primary["tags"]
+        assert primary["messages"][-1]["content"] == [{"type": "text", "text": "live"}]
+    failed = shadows["while the shadow fails"]
+    assert failed["response"]["status"] == "error"  # kept, and kept out of datasets
+    with pytest.raises(openai.BadRequestError, match="reserved prefix 'shadow_pair:'"):
+        client.chat.completions.create(
+            model="mirrored", messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"x-tuneloop-tags": "shadow_pair:forged"},
+        )  # fmt: skip
