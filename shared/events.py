@@ -551,9 +551,10 @@ class ServedTarget(BaseModel):
 
 
 class ServedNameChanged(Event):
-    """What answers a tenant's served name now: `primary`, `canary` for `canary_percent` of
-    the calls, `shadow` mirrored a share (split by the caller's X-Request-Id, else by tenant and body, so a retry lands on
-    the same version). The gateway keeps the highest `revision` it has seen per name."""
+    """What answers a tenant's served name now: `primary`; `canary` for `canary_percent` of the
+    calls (split by the caller's X-Request-Id, else by tenant and body, so a retry lands on the
+    same version); `shadow`, mirrored `shadow_percent` of the answered ones. The gateway keeps
+    the highest `revision` it has seen per name."""
 
     event_name = "deployment.served_name_changed"
     stream = DEPLOYMENTS
