@@ -599,6 +599,17 @@ class DeploymentRolledBack(DeploymentEvent):
     p95_ms: float | None = None
 
 
+class DeploymentCold(DeploymentEvent):
+    """A deployment no call reached for `idle_s` was unloaded (neither failed nor stopped): its
+    next call wakes it (the hoster's `POST /internal/deployments/{id}/wake`) and waits for it;
+    `deployment.ready` follows at its address, which may be a new one."""
+
+    event_name = "deployment.cold"
+    stream = DEPLOYMENTS
+    served_model_name: str
+    idle_s: float = Field(ge=0)
+
+
 def catalogue_rows() -> list[tuple[str, str, str, str]]:
     """(subject pattern, stream, class, summary) for every event, for docs and the CLI."""
     rows = []

@@ -1,6 +1,7 @@
 """HTTP routes of the hoster service: the model registry (`/v1/models`), deployments
 (`/v1/deployments`), served names and their canaries (`/v1/served_names`), and the internal eval-engine API the evaluator calls (`/internal/engines`,
-service token only, never routed by the gateway)."""
+service token only, never routed by the gateway) with the gateway's wake of a cold deployment
+(`/internal/deployments/{id}/wake`)."""
 
 from __future__ import annotations
 
@@ -133,6 +134,12 @@ class DeploymentCreate(BaseModel):
     rollback: CanaryPolicy | None = Field(
         default=None, description="when a canary is rolled back by itself"
     )
+    pinned: bool | None = Field(
+        default=None,
+        description="true: never unloaded for idling; false: unloaded (cold) after "
+        "TUNELOOP_HOSTER_IDLE_UNLOAD_S without calls and woken by the next; unset: as it is "
+        "(false for a new deployment)",
+    )
 
     @model_validator(mode="after")
     def _canary_needs_a_name(self) -> DeploymentCreate:
@@ -196,7 +203,8 @@ class DeploymentObject(BaseModel):
     object: Literal["deployment"] = "deployment"
     model: str = Field(description="the name the engine answers to (ft: name or catalogue id)")
     version_id: str | None = Field(description="the registry version served; null for a base")
-    status: Literal["pending", "ready", "failed", "stopped"]
+    status: Literal["pending", "ready", "cold", "failed", "stopped"]
+    pinned: bool = Field(default=False, description="never unloaded for idling")
     served_name: str | None = None
     role: Role | None = None
     endpoint_url: str | None
@@ -211,6 +219,7 @@ class DeploymentObject(BaseModel):
             model=row.served_model_name,
             version_id=row.version_id,
             status=row.status,
+            pinned=row.pinned,
             served_name=row.served_name,
             role=row.role,
             endpoint_url=row.endpoint_url,
@@ -324,6 +333,7 @@ async def create_deployment(
         role=body.role(),
         percent=body.canary_percent if body.canary_percent is not None else body.shadow_percent,
         policy=body.rollback,
+        pinned=body.pinned,
     )
     return DeploymentObject.of(row)
 
@@ -433,6 +443,12 @@ async def load_checkpoint(
 async def close_engine(engine_id: str, hoster: HosterDep) -> Response:
     await asyncio.to_thread(hoster.eval_engines.close, engine_id)
     return Response(status_code=204)
+
+
+@internal.post("/deployments/{deployment_id}/wake", response_model=DeploymentObject,
+               summary="Load a cold deployment again; answers once it is ready (the gateway's)")  # fmt: skip
+async def wake_deployment(deployment_id: str, hoster: HosterDep) -> DeploymentObject:
+    return DeploymentObject.of(await hoster.wake(deployment_id))
 
 
 router = APIRouter()

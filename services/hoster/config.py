@@ -22,6 +22,9 @@ class HosterSettings(BaseSettings):
     watch_interval_s: float = Field(default=5.0, gt=0)
     crash_limit: int = Field(default=3, ge=1)
     crash_window_s: float = Field(default=600.0, gt=0)
+    # A deployment no call reached for this long is unloaded (its adapter, and its engine once
+    # nothing else is on it) and goes `cold` until it is woken; pinned ones stay. 0: never.
+    idle_unload_s: float = Field(default=1800.0, ge=0)
     # The share of a served name's calls a new auto-deployed version gets as its canary.
     canary_percent: float = Field(default=10.0, gt=0, le=100)
     # Torch threads per engine (OMP_NUM_THREADS): on 2 cores the eval engine and the trainer

@@ -1,9 +1,9 @@
-"""Inference engines as subprocesses behind an `Engine` Protocol that a vLLM adapter implements
-later. Two on CPU:
+"""Inference engines as subprocesses behind an `Engine` Protocol (vllm_engine.py implements it
+on GPU). Two on CPU:
 
 - `LoraEngine` (services/hoster/lora_engine.py): one base in memory, LoRA checkpoints loaded onto
-  it by name (`load_model`), swapped in well under a second. Eval engines and the deployments of
-  LoRA versions and catalogue bases run it.
+  it by name (`load_model`), swapped in well under a second. Eval engines, catalogue bases and the
+  engine a tenant's LoRA versions of one base share run it.
 - `TransformersServe`: `transformers serve --continuous-batching`, for a full fine-tune's model
   directory. It serves the model directories in its working directory, each under the name a
   client sends (it resolves a request's `model` as a local path first, so a directory named
@@ -22,12 +22,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
 from services.hoster.config import HosterSettings
-from services.hoster.errors import EngineFailed
+from services.hoster.errors import BadRequest, EngineFailed
 from shared.processes import pid_alive
 
 LOG_TAIL_CHARS = 2000
@@ -60,6 +60,17 @@ class Engine(Protocol):
         """Return once the engine has answered one request naming `model` (it is loaded)."""
         ...
 
+    def load_model(self, name: str, path: Path) -> None:
+        """Serve the checkpoint at path under name on the running engine (no base reload)."""
+        ...
+
+    def unload_model(self, name: str) -> None: ...
+
+    def idle_seconds(self) -> dict[str, float] | None:
+        """Seconds since each served name's last call ended (0 while one runs); None when the
+        engine cannot say (it is then never unloaded for being idle)."""
+        ...
+
     def stop(self) -> None: ...
 
     def log_tail(self) -> str:
@@ -70,8 +81,9 @@ class Engine(Protocol):
 @dataclass
 class EngineSpec:
     """What an engine serves. With `base_dir`: a `LoraEngine` of that base (answering to
-    `base_name`) that loads `models` (name -> directory) at start. Without: `transformers serve`
-    of any model in its directory. Either answers to `pinned` alone when it is set."""
+    `base_name` unless `serve_base` is off) that loads `models` (name -> directory) at start.
+    Without: `transformers serve` of any model in its directory, answering to `pinned` alone
+    when it is set."""
 
     engine_id: str
     work_dir: Path
@@ -80,6 +92,8 @@ class EngineSpec:
     base_name: str | None = None
     base_dir: Path | None = None
     models: dict[str, Path] = field(default_factory=dict)
+    # Off for deployments' shared engines: they answer the names loaded on them only.
+    serve_base: bool = True
 
 
 def free_port(host: str) -> int:
@@ -188,6 +202,15 @@ class EngineProcess:
                 f"{response.text[:500]}"
             )
 
+    def load_model(self, name: str, path: Path) -> None:
+        raise BadRequest(f"engine {self.engine_id} loads no models at runtime ({name!r})")
+
+    def unload_model(self, name: str) -> None:
+        raise BadRequest(f"engine {self.engine_id} unloads no models at runtime ({name!r})")
+
+    def idle_seconds(self) -> dict[str, float] | None:
+        return None
+
     def stop(self) -> None:
         pid = self.pid
         if pid is None or not self.alive():
@@ -246,8 +269,8 @@ class LoraEngine(EngineProcess):
         argv += ["--max-batch", str(settings.engine_max_batch)]
         for name, path in spec.models.items():
             argv += ["--model", f"{name}={path}"]
-        if spec.pinned is not None:
-            argv += ["--pinned", spec.pinned]
+        if not spec.serve_base:
+            argv.append("--hide-base")
         return argv
 
     @property
@@ -261,12 +284,22 @@ class LoraEngine(EngineProcess):
     def unload_model(self, name: str) -> None:
         self._internal("DELETE", f"/models/{name}", None)
 
-    def _internal(self, method: str, path: str, body: dict[str, str] | None) -> None:
-        url = f"{self.base_url.removesuffix('/v1')}{path}"
+    def idle_seconds(self) -> dict[str, float] | None:
+        """From the engine's `/stats` (its own clock, so no skew between processes)."""
+        response = self._internal("GET", "/stats", None, timeout_s=10.0)
         try:
-            response = httpx.request(
-                method, url, json=body, timeout=self.settings.engine_load_timeout_s
-            )
+            models: dict[str, Any] = response.json()["models"]
+            return {name: float(stats["idle_s"]) for name, stats in models.items()}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise EngineFailed(f"engine {self.engine_id}: GET /stats: {exc!r}") from None
+
+    def _internal(
+        self, method: str, path: str, body: dict[str, str] | None, timeout_s: float | None = None
+    ) -> httpx.Response:
+        url = f"{self.base_url.removesuffix('/v1')}{path}"
+        timeout = timeout_s or self.settings.engine_load_timeout_s
+        try:
+            response = httpx.request(method, url, json=body, timeout=timeout)
         except httpx.HTTPError as exc:
             raise EngineFailed(f"engine {self.engine_id}: {method} {path}: {exc!r}") from None
         gone = method == "DELETE" and response.status_code == 404  # what was asked for
@@ -275,6 +308,7 @@ class LoraEngine(EngineProcess):
                 f"engine {self.engine_id}: {method} {path} answered {response.status_code}: "
                 f"{response.text[:500]}"
             )
+        return response
 
 
 def make_engine(spec: EngineSpec, settings: HosterSettings, pid: int | None = None) -> Engine:

@@ -38,3 +38,9 @@ class ArtifactFailed(HosterError):
     """A checkpoint could not be pulled, verified or merged."""
 
     status = 502
+
+
+class NotReady(HosterError):
+    """A deployment still loading when its caller stopped waiting (a wake); try again."""
+
+    status = 503

@@ -14,8 +14,10 @@ deployments) ask at temperature 0. A request that asks to sample is refused with
 field, never quietly answered greedily.
 
 Run: `python -m services.hoster.lora_engine --base DIR --base-name ID [--model NAME=DIR ...]
-[--pinned NAME]` (a deployment's engine answers to its one name only).
-Internal routes (the hoster's): `POST /models` {name, path}, `DELETE /models/{name}`.
+[--hide-base]` (deployments' engine: it answers to the names loaded on it and not to the base).
+Internal routes (the hoster's): `POST /models` {name, path}, `DELETE /models/{name}`, and
+`GET /stats`: each served name's calls, those running and seconds since its last one ended
+(the hoster unloads a deployment idle too long).
 """
 
 from __future__ import annotations
@@ -218,6 +220,14 @@ class Served:
     tokenizer: Any
     path: str
     created: int = field(default_factory=lambda: int(time.time()))
+    # Calls made to it (warm-ups included), those running, and when the last one ended (or it
+    # was loaded): what /stats tells the hoster, on this process's monotonic clock.
+    requests: int = 0
+    in_flight: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+
+    def idle_s(self) -> float:
+        return 0.0 if self.in_flight else time.monotonic() - self.last_used
 
 
 class Engine:
@@ -226,7 +236,9 @@ class Engine:
     def __init__(self, *, base_dir: Path, base_name: str, max_batch: int) -> None:
         self.base_dir, self.base_name, self.max_batch = base_dir, base_name, max_batch
         self.models: dict[str, Served] = {}
-        self.pinned: str | None = None  # a deployment's engine answers to its one name only
+        # Deployments' engine: only the names loaded on it answer; the base (the ground the
+        # adapters stand on, which no tenant deployed here) is not one of them.
+        self.hide_base = False
         self._lock = asyncio.Lock()  # loads and unloads one at a time
         tokenizer = _tokenizer(base_dir)
         self.base = self._host(_load_model(base_dir), tokenizer, switch=self._switch_base)
@@ -321,11 +333,18 @@ class Engine:
 
     def get(self, name: str) -> Served:
         served = self.models.get(name)
-        if served is None or (self.pinned is not None and name != self.pinned):
+        if served is None or not self.answers(served):
             raise EngineError(
                 404, f"The model `{name}` does not exist on this engine", "model", "model_not_found"
             )
         return served
+
+    def answers(self, served: Served) -> bool:
+        return not (self.hide_base and served.kind == "base")
+
+    def served(self) -> list[Served]:
+        """What clients may name, in load order."""
+        return [served for served in self.models.values() if self.answers(served)]
 
 
 def _tokenizer(path: Path) -> Any:
@@ -394,13 +413,18 @@ class Completion:
 async def generate(served: Served, completion: Completion) -> AsyncIterator[list[int]]:
     """The new tokens as they come (the end-of-sequence token included), batched with the
     requests for the same model that wait beside it; each is added to `completion.tokens`."""
-    async with served.host.gate.use(served.name):
-        try:
+    served.requests += 1
+    served.in_flight += 1
+    try:
+        async with served.host.gate.use(served.name):
             async for tokens in served.host.batcher.tokens(completion.prompt, completion.limit):
                 completion.tokens += tokens
                 yield tokens
-        except RuntimeError as exc:  # the batch failed: every member answers 500 saying why
-            raise EngineError(500, str(exc), code="engine_error") from None
+    except RuntimeError as exc:  # the batch failed: every member answers 500 saying why
+        raise EngineError(500, str(exc), code="engine_error") from None
+    finally:
+        served.in_flight -= 1
+        served.last_used = time.monotonic()
 
 
 def _chunk(completion: Completion, delta: dict[str, Any], finish: str | None) -> str:
@@ -512,10 +536,21 @@ def build_app(engine: Engine) -> FastAPI:
                 "owned_by": "tuneloop",
                 "parent": None if served.kind == "base" else engine.base_name,
             }
-            for served in engine.models.values()
-            if engine.pinned in (None, served.name)
+            for served in engine.served()
         ]
         return {"object": "list", "data": data}
+
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        models = {
+            served.name: {
+                "requests": served.requests,
+                "in_flight": served.in_flight,
+                "idle_s": round(served.idle_s(), 3),
+            }
+            for served in engine.served()
+        }
+        return {"models": models}
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: Request) -> Response:
@@ -553,7 +588,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--base", type=Path, required=True, help="the base model directory")
     parser.add_argument("--base-name", required=True, help="the name the base answers to")
     parser.add_argument("--model", action="append", default=[], help="NAME=DIR to load at start")
-    parser.add_argument("--pinned", help="answer to this one name only (a deployment's)")
+    parser.add_argument(
+        "--hide-base", action="store_true", help="answer to the loaded models only, not the base"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--threads", type=int, default=1)
@@ -570,7 +607,7 @@ def main(argv: list[str] | None = None) -> None:
     for spec in args.model:
         name, _, path = spec.partition("=")
         engine.models[name] = engine._load(name, Path(path))
-    engine.pinned = args.pinned
+    engine.hide_base = args.hide_base
     uvicorn.run(build_app(engine), host=args.host, port=args.port, log_level="warning")
 
 

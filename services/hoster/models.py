@@ -54,10 +54,16 @@ class Deployment(SQLModel, table=True):
     tenant: str = Field(index=True, max_length=64)
     version_id: str | None = Field(default=None, index=True, max_length=64)
     served_model_name: str = Field(max_length=256)
-    status: str = Field(max_length=16)  # pending | ready | failed | stopped
+    # pending | ready | cold (unloaded after idling; woken by the next call) | failed | stopped
+    status: str = Field(max_length=16)
     endpoint_url: str | None = Field(default=None, max_length=512)
     port: int | None = None
     pid: int | None = None
+    # The engine serving it: a tenant's LoRA versions of one base share one (`eng-…`); a full
+    # fine-tune or a catalogue base has its own (its deployment's id).
+    engine_id: str | None = Field(default=None, max_length=64)
+    # Never unloaded for idling (kept hot).
+    pinned: bool = False
     error: str | None = Field(default=None, max_length=4096)
     # The stable name it was deployed under (served_names.py) and what it becomes there once
     # ready: "primary" (a switch) or "canary"; None: served under its own name only.

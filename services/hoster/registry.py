@@ -23,8 +23,9 @@ from shared.events import EvalDecided, ModelRegistered
 CATALOGUE_OWNER = "tuneloop"
 # Bases are as old as the catalogue: a fixed date keeps the list stable across restarts.
 CATALOGUE_CREATED = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp())
-# deployments.ACTIVE (which imports this module): an engine serves the version or will.
-DEPLOYED = ("pending", "ready")
+# deployments.ACTIVE (which imports this module): an engine serves the version, will, or will
+# again once woken (cold).
+DEPLOYED = ("pending", "ready", "cold")
 
 
 def register(session: Session, event: EvalDecided, *, sha256: str) -> tuple[ModelVersion, bool]:

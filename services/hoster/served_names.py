@@ -253,7 +253,8 @@ class ServedNames:
 def changed_event(session: Session, row: ServedName) -> ServedNameChanged:
     def target(deployment_id: str | None) -> ServedTarget | None:
         found = session.get(Deployment, deployment_id) if deployment_id else None
-        if found is None or found.status != "ready" or not found.endpoint_url:
+        # A cold one keeps its place (and its last address): the gateway wakes it on a call.
+        if found is None or found.status not in ("ready", "cold") or not found.endpoint_url:
             return None
         return ServedTarget(
             deployment_id=found.id, endpoint_url=found.endpoint_url, version_id=found.version_id

@@ -4,6 +4,7 @@ deployments, the registry's event side, and the background work deployments need
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -12,11 +13,11 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine as Database
 
-from services.hoster import artifacts, registry
+from services.hoster import artifacts, registry, upkeep
 from services.hoster.config import HosterSettings
 from services.hoster.deployments import Deployments
 from services.hoster.engines import EngineSpec, LoraEngine
-from services.hoster.errors import ArtifactFailed
+from services.hoster.errors import ArtifactFailed, Conflict, EngineFailed, NotReady
 from services.hoster.eval_engines import EvalEngines
 from services.hoster.models import Deployment
 from services.hoster.served_names import Role, ServedNames
@@ -26,6 +27,7 @@ from shared.db import session_scope
 from shared.events import (
     CanaryFailed,
     CanaryPolicy,
+    DeploymentCold,
     DeploymentFailed,
     DeploymentReady,
     DeploymentStopped,
@@ -50,6 +52,7 @@ class Hoster:
     deployments: Deployments
     served: ServedNames
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _launching: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, settings: Settings, database: Database, publish: Publish) -> Hoster:
@@ -75,7 +78,7 @@ class Hoster:
         stopped = await asyncio.to_thread(self.eval_engines.stop_leftovers)
         if stopped:
             log.info("stopped %d eval engines a previous hoster left running", len(stopped))
-        for deployment_id in await asyncio.to_thread(self.deployments.recover):
+        for deployment_id in await asyncio.to_thread(upkeep.recover, self.deployments):
             log.info("deployment %s: its engine is gone; starting it again", deployment_id)
             self.launch(deployment_id)
         watcher = asyncio.create_task(self.watch(), name="deployment watchdog")
@@ -84,14 +87,26 @@ class Hoster:
 
     async def watch(self) -> None:
         """Start again the engines of ready deployments that died (a crash, an OOM kill); a
-        deployment whose engine keeps dying fails with its log's tail instead."""
+        deployment whose engine keeps dying fails with its log's tail instead. Unload the ones
+        idle past `idle_unload_s` (cold)."""
         while True:
             await asyncio.sleep(self.settings.watch_interval_s)
             try:
-                again, failed = await asyncio.to_thread(self.deployments.crashed, time.monotonic())
+                now = time.monotonic()
+                again, failed = await asyncio.to_thread(upkeep.crashed, self.deployments, now)
+                cold = await asyncio.to_thread(upkeep.idle, self.deployments)
             except Exception:  # the database away: tried again next round
                 log.exception("checking deployments' engines failed")
                 continue
+            for deployment in cold:
+                await self.publish(
+                    DeploymentCold(
+                        tenant=deployment.tenant,
+                        deployment_id=deployment.id,
+                        served_model_name=deployment.served_model_name,
+                        idle_s=self.settings.idle_unload_s,
+                    )
+                )
             for deployment in failed:
                 await self.publish(
                     DeploymentFailed(
@@ -156,10 +171,13 @@ class Hoster:
         role: Role = "primary",
         percent: float | None = None,
         policy: CanaryPolicy | None = None,
+        pinned: bool | None = None,
     ) -> Deployment:
-        """A deployment of `model` (an active one reused), launched if new; under `served_name`
-        it takes `role` there once ready."""
-        deployment, new = await asyncio.to_thread(self.deployments.request, tenant, model)
+        """A deployment of `model` (an active one reused, and woken if cold), launched if new;
+        under `served_name` it takes `role` there once ready."""
+        deployment, new = await asyncio.to_thread(
+            self.deployments.request, tenant, model, pinned=pinned
+        )
         if served_name is not None:
             changed = await asyncio.to_thread(
                 self.served.attach, deployment, served_name, role, percent=percent, policy=policy
@@ -167,6 +185,8 @@ class Hoster:
             await self._publish_all(changed)
         if new:
             self.launch(deployment.id)
+        elif deployment.status == "cold":
+            await self._wake(deployment.id)
         return await asyncio.to_thread(self.deployments.get, tenant, deployment.id)
 
     async def _publish_all(self, events: list[Event]) -> None:
@@ -214,7 +234,38 @@ class Hoster:
     def launch(self, deployment_id: str) -> None:
         task = asyncio.create_task(self._launch(deployment_id), name=f"deploy {deployment_id}")
         self._tasks.add(task)
+        self._launching[deployment_id] = task
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._launched)
+
+    def _launched(self, task: asyncio.Task[None]) -> None:
+        for deployment_id, running in list(self._launching.items()):
+            if running is task:
+                del self._launching[deployment_id]
+
+    async def wake(self, deployment_id: str) -> Deployment:
+        """A cold deployment loaded again and warmed up; returns once it is ready (at once if
+        it is), waiting at most as long as an engine may take to start and load. Concurrent
+        wakes share one launch. NotReady when it is still loading then."""
+        await self._wake(deployment_id)
+        task = self._launching.get(deployment_id)
+        if task is not None:
+            limit = self.settings.engine_start_timeout_s + self.settings.engine_load_timeout_s
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), limit)
+        deployment = await asyncio.to_thread(self.deployments.find, deployment_id)
+        if deployment.status == "ready":
+            return deployment
+        if deployment.status == "failed":
+            raise EngineFailed(f"deployment {deployment_id}: {deployment.error or 'failed'}")
+        if deployment.status == "pending":
+            raise NotReady(f"deployment {deployment_id} is still loading; call again")
+        raise Conflict(f"deployment {deployment_id} is {deployment.status}; deploy it again")
+
+    async def _wake(self, deployment_id: str) -> None:
+        _, woken = await asyncio.to_thread(self.deployments.wake, deployment_id)
+        if woken:
+            self.launch(deployment_id)
 
     async def _launch(self, deployment_id: str) -> None:
         deployment = await asyncio.to_thread(self.deployments.launch, deployment_id)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from peft import LoraConfig, get_peft_model
 
 from shared.catalogue import MODELS_DIR_NAME, SMOLLM2_135M_INSTRUCT
@@ -33,12 +34,15 @@ def checkpoint_uri(store: ObjectStore, tenant: str, job_id: str, step: int) -> s
 def store_checkpoint(
     store: ObjectStore, work: Path, *, tenant: str, job_id: str, step: int, seed: int = 1
 ) -> str:
-    """A LoRA checkpoint of the tiny model (random, non-zero B so the merge changes weights)."""
+    """A LoRA checkpoint of the tiny model (random, non-zero B so it changes the answers; the
+    same seed gives the same adapter)."""
     local = work / f"{job_id}-step-{step}"
     config = LoraConfig(
         r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
     )
-    model = get_peft_model(build_tiny_causal_lm(seed), config)
+    with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG untouched
+        torch.manual_seed(seed)
+        model = get_peft_model(build_tiny_causal_lm(seed), config)
     model.save_pretrained(local / "model")
     build_tiny_tokenizer().save_pretrained(local / "model")
     adapter_config = local / "model" / "adapter_config.json"

@@ -285,7 +285,11 @@ async def test_a_restarted_hoster_adopts_a_live_engine_and_restarts_a_dead_one(
     assert hoster.get(path).json()["endpoint_url"] == ready["endpoint_url"]
 
     hoster_process.kill()
-    engine_pid = int(next(hoster.work.glob(f"**/{ready['deployment_id']}/engine.pid")).read_text())
+    with Session(db.make_engine(hoster.settings.database_url)) as session:
+        row = session.get(Deployment, ready["deployment_id"])
+        assert row is not None
+        assert row.pid is not None
+        engine_pid = row.pid  # the engine its base's versions share, in deployments/<engine id>
     os.killpg(engine_pid, signal.SIGKILL)
     hoster_process.start()  # the engine is gone: started again
     again = await next_event(

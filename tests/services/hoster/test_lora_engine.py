@@ -242,3 +242,25 @@ async def test_a_whole_model_loads_beside_the_base_and_answers_as_itself(
     texts = [r.json()["choices"][0]["message"]["content"] for r in replies]
     assert texts[0] == texts[2] == reference(other, None, 12)
     assert texts[1] == reference(engine.base_dir, adapters["ckpt-a"], 12)
+
+
+async def test_a_deployments_engine_answers_its_loaded_names_only_and_counts_their_calls(
+    engine: Engine, adapters: dict[str, Path]
+) -> None:
+    engine.hide_base = True  # --hide-base: the engine a tenant's versions of the base share
+    async with client(engine) as http:
+        await load_all(http, adapters)
+        listed = (await http.get("/v1/models")).json()["data"]
+        assert [m["id"] for m in listed] == ["ckpt-a", "ckpt-b"]
+        base = await ask(http, BASE)
+        assert (base.status_code, base.json()["error"]["code"]) == (404, "model_not_found")
+        before = (await http.get("/stats")).json()["models"]
+        assert {name: s["requests"] for name, s in before.items()} == {"ckpt-a": 0, "ckpt-b": 0}
+        await asyncio.sleep(0.05)
+        assert (await ask(http, "ckpt-a")).status_code == 200
+        after = (await http.get("/stats")).json()["models"]
+    assert (after["ckpt-a"]["requests"], after["ckpt-a"]["in_flight"]) == (1, 0)
+    assert after["ckpt-b"]["requests"] == 0
+    # Seconds since the last call ended, or since the load for one never called.
+    assert after["ckpt-a"]["idle_s"] < after["ckpt-b"]["idle_s"]
+    assert after["ckpt-b"]["idle_s"] >= before["ckpt-b"]["idle_s"] + 0.05
