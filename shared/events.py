@@ -548,6 +548,9 @@ class ServedTarget(BaseModel):
     deployment_id: str
     endpoint_url: str
     version_id: str | None = None
+    # The name its engine answers to (the version's ft: name): the gateway puts it in the
+    # body's `model` in place of the served name, as engines answer their own names only.
+    model: str | None = None
 
 
 class ServedNameChanged(Event):

@@ -257,7 +257,10 @@ def changed_event(session: Session, row: ServedName) -> ServedNameChanged:
         if found is None or found.status not in ("ready", "cold") or not found.endpoint_url:
             return None
         return ServedTarget(
-            deployment_id=found.id, endpoint_url=found.endpoint_url, version_id=found.version_id
+            deployment_id=found.id,
+            endpoint_url=found.endpoint_url,
+            version_id=found.version_id,
+            model=found.served_model_name,
         )
 
     canary, shadow = target(row.canary_id), target(row.shadow_id)

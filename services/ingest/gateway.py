@@ -37,6 +37,7 @@ from services.ingest.proxy import (
     UpstreamUnreachable,
     forward,
     parse_tags,
+    routed_body,
     upstream_headers,
     upstream_target,
 )
@@ -218,7 +219,7 @@ class Gateway:
                 route.base_url,
                 upstream_target(incoming),
                 upstream_headers(incoming, route),
-                incoming.body,
+                routed_body(incoming.body, route),
             )
             try:
                 if upstream.content_length is not None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+import orjson
 from starlette.types import Receive, Send
 
 from services.ingest.capture import CapturedCall, gateway_sample_id
@@ -189,7 +190,7 @@ async def forward(
             route.base_url,
             upstream_target(incoming),
             upstream_headers(incoming, route),
-            incoming.body,
+            routed_body(incoming.body, route),
         )
     except UpstreamError as exc:
         raise UpstreamUnreachable(exc.kind) from exc
@@ -233,6 +234,21 @@ async def forward(
     finally:
         upstream.release()
     return upstream.status
+
+
+def routed_body(body: bytes, route: Route) -> bytes:
+    """The body sent upstream: a served name's call names the model its engine answers to (the
+    version's ft: name) instead of the served name; the sample keeps what the caller sent."""
+    if route.model is None:
+        return body
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body  # the gateway read a model from it, so this does not happen
+    if not isinstance(document, dict):
+        return body
+    document["model"] = route.model
+    return orjson.dumps(document)
 
 
 async def _relay_whole(

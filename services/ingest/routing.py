@@ -42,9 +42,11 @@ class Route:
     base_url: str
     api_key: str | None
     tags: tuple[str, ...] = ()
-    # A served name's call (served.py): the name, and whether its canary answers it.
+    # A served name's call (served.py): the name, whether its canary answers it, and the model
+    # name its engine answers to (sent in the body's `model` instead of the served name).
     served_name: str | None = None
     canary: bool = False
+    model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -54,19 +56,20 @@ class Deployed:
     deployment_id: str
     endpoint_url: str
     version_id: str | None = None
+    model: str | None = None  # the name its engine answers to, when a served name routes here
 
     def route(self, served_name: str | None = None, canary: bool = False) -> Route:
         tags = (VERSION_TAG_PREFIX + self.version_id,) if self.version_id else ()
         name = f"deployment:{self.deployment_id}"
         base = self.endpoint_url.rstrip("/")
-        return Route(name, "openai", base, None, tags, served_name, canary)
+        return Route(name, "openai", base, None, tags, served_name, canary, self.model)
 
     @classmethod
     def of(cls, target: ServedTarget) -> Deployed:
         # An engine's OpenAI base URL ends in /v1, as an SDK's does; the gateway sends the
         # caller's own path (/v1/chat/completions) to the server's root, as for upstreams.
         root = target.endpoint_url.rstrip("/").removesuffix("/v1")
-        return cls(target.deployment_id, root, target.version_id)
+        return cls(target.deployment_id, root, target.version_id, target.model)
 
 
 @dataclass(frozen=True)

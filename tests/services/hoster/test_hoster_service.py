@@ -392,6 +392,8 @@ async def test_a_second_version_of_a_served_name_starts_as_its_canary_and_is_pro
     first, second = versions["ftjob-support-1"], versions["ftjob-support-2"]
     # The first auto-deployed version answers the job's suffix; the second shares it as a canary.
     assert first["primary"]["version_id"] is not None
+    # The name its engine answers to, which the gateway sends in place of the served name.
+    assert first["primary"]["model"] == f"ft:{BASE_ID}:support:ftjob-support-1"
     assert first["canary"] is None
     assert second["primary"] == first["primary"]
     assert second["canary"]["deployment_id"] != first["primary"]["deployment_id"]

@@ -50,6 +50,7 @@ class FakeEngine:
             deployment_id=f"dep-{self.name}",
             endpoint_url=f"http://127.0.0.1:{self.port}/v1",
             version_id=f"mv-{self.name}",
+            model=f"ft:{self.name}",
         )
 
     def app(self) -> Starlette:
@@ -57,6 +58,12 @@ class FakeEngine:
 
     async def chat(self, request: Request) -> JSONResponse:
         body = await request.json()
+        if body["model"] != f"ft:{self.name}":  # as a real engine: its own names only
+            error = {
+                "message": f"model {body['model']!r} not found",
+                "type": "invalid_request_error",
+            }
+            return JSONResponse({"error": error}, 404)
         if self.failing:
             return JSONResponse({"error": {"message": "engine broke", "type": "server_error"}}, 500)
         message = {"role": "assistant", "content": self.name}
