@@ -52,6 +52,7 @@ class Point(BaseModel):
     status: Literal["scored", "pending", "not_due"]
     duration_s: float | None = None
     outputs_uri: str | None = None
+    train_loss: float | None = Field(default=None, description="mean since the checkpoint before")
 
 
 class Decided(BaseModel):
@@ -62,6 +63,10 @@ class Decided(BaseModel):
     scores: dict[int, float]
     gate: Literal["passed", "rejected"] | None
     gate_reason: str
+    rescored: dict[int, float] = Field(
+        default_factory=dict, description="the top checkpoints' scores on the whole eval split"
+    )
+    rescored_items: int | None = None
 
 
 class EvalObject(BaseModel):
@@ -82,6 +87,9 @@ class EvalObject(BaseModel):
     decision: Decided | None
     gate: Literal["passed", "rejected"] | None
     gate_reason: str | None
+    early_stop_reason: str | None = Field(
+        default=None, description="why the evaluator asked to end training early (overfitting)"
+    )
 
 
 class ItemResult(BaseModel):
@@ -135,6 +143,7 @@ def _evaluation(engine: Engine, tenant: str, job_id: str) -> EvalObject:
                 status=state,
                 duration_s=p.duration_s,
                 outputs_uri=p.outputs_uri,
+                train_loss=p.train_loss,
             )
         )
     best = decision.best_of({p.step: p.task_score for p in points if p.task_score is not None})
@@ -156,6 +165,7 @@ def _evaluation(engine: Engine, tenant: str, job_id: str) -> EvalObject:
         decision=decided,
         gate=decided.gate if decided else None,
         gate_reason=decided.gate_reason if decided else None,
+        early_stop_reason=job.early_stop_reason,
     )
 
 

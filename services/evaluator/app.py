@@ -2,7 +2,7 @@
 
 from fastapi import FastAPI
 
-from services.evaluator import api, handlers
+from services.evaluator import api, handlers, overfit
 from services.evaluator.config import EvaluatorSettings
 from services.evaluator.engine_client import HosterClient
 from services.evaluator.runner import Evaluator
@@ -36,6 +36,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         publish=publish,
         concurrency=config.concurrency,
         request_timeout_s=config.request_timeout_s,
+        overfit_rule=overfit.Rule(config.overfit_evals, config.overfit_margin),
+        rescore_top=config.rescore_top,
+        rescore_max_items=config.rescore_max_items,
     )
     runtime.include_router(handlers.build_router(evaluator, keepalive_s=config.keepalive_s))
     runtime.on_lifecycle(nothing, hoster.aclose)

@@ -27,6 +27,16 @@ class EvaluatorSettings(BaseSettings):
     request_timeout_s: float = Field(default=300.0, gt=0)
     # How often a long evaluation tells JetStream its event is still in hand (under its ack wait).
     keepalive_s: float = Field(default=20.0, gt=0)
+    # The overfit stop (overfit.py): the subset's mean task score falling `overfit_evals` evals
+    # in a row, each by at least `overfit_margin`, while the train loss falls. 0.02 is over one
+    # field of one item on a 16-item json subset (~0.009) and under one short label (0.0625).
+    overfit_evals: int = Field(default=3, ge=1)
+    overfit_margin: float = Field(default=0.02, ge=0)
+    # Re-scoring before the decision (rescoring.py): the top `rescore_top` checkpoints by subset
+    # score, and the base, are scored on the eval split's first `rescore_max_items` items (the
+    # subset's answers reused). Under 2 turns it off. Each costs the rest's generations.
+    rescore_top: int = Field(default=3, ge=0)
+    rescore_max_items: int = Field(default=200, ge=1)
 
     def hoster(self, settings: Settings) -> str:
         if self.hoster_url:

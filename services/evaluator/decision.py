@@ -5,7 +5,9 @@ A point is due when its step is a multiple of eval_every or the job's last step 
 `steps` until training reports where it ended). The best is the highest mean task score; a tie
 goes to the earlier step (less training for the same score). The decision waits for training to
 end and for every planned point: each multiple of eval_every up to the last step, and the last
-step itself when it has a checkpoint.
+step itself when it has a checkpoint. When the top checkpoints were re-scored on the whole eval
+split (rescoring.py), the choice and the gate's threshold read those scores; the margin over the
+base still compares the subset, the items the base answered.
 """
 
 from __future__ import annotations
@@ -42,6 +44,17 @@ def best_of(scores: dict[int, float]) -> tuple[int, float] | None:
 
 
 @dataclass(frozen=True)
+class Rescored:
+    """The whole eval split's scores (`items` items) of the top checkpoints, or `note`: why
+    nothing was re-scored."""
+
+    items: int = 0
+    subset_items: int = 0
+    scores: dict[int, float] = field(default_factory=dict)
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class Decision:
     best_step: int
     best_checkpoint_uri: str
@@ -50,6 +63,10 @@ class Decision:
     scores: dict[int, float] = field(default_factory=dict)
     gate: GateOutcome | None = None
     gate_reason: str = ""
+    # The whole split's scores by step when the top checkpoints were re-scored (best_score is
+    # then on it too), and how many items that was.
+    rescored: dict[int, float] = field(default_factory=dict)
+    rescored_items: int | None = None
 
 
 def decide(
@@ -62,16 +79,60 @@ def decide(
     last_step: int,
     last_uri: str,
     no_eval_reason: str | None = None,
+    rescored: Rescored | None = None,
 ) -> Decision:
     """The job's model: the best scored point, gated; with no evals planned (eval_every 0) the
     last checkpoint, ungated; with evals planned but none scored (`no_eval_reason`, or no
-    checkpoint at the cadence) the last checkpoint, rejected."""
+    checkpoint at the cadence) the last checkpoint, rejected. `rescored`: the best on the whole
+    split among the re-scored."""
     if eval_every <= 0:
         return Decision(last_step, last_uri, None, None, gate=None, gate_reason="no evals planned")
     best = best_of(scores)
     if best is None or no_eval_reason is not None:
         reason = no_eval_reason or "no checkpoint at the eval cadence was saved, so none was scored"
         return Decision(last_step, last_uri, None, base_score, scores, "rejected", reason)
+    if rescored is not None and rescored.scores:
+        return _decide_rescored(kind, scores, uris, base_score, best[0], rescored)
     step, score = best
     outcome, reason = judge(kind, best=score, base=base_score)
-    return Decision(step, uris[step], score, base_score, dict(scores), outcome, reason)
+    note = f". {rescored.note}" if rescored is not None and rescored.note else ""
+    return Decision(step, uris[step], score, base_score, dict(scores), outcome, reason + note)
+
+
+def _decide_rescored(
+    kind: TaskKind,
+    scores: dict[int, float],
+    uris: dict[int, str],
+    base_score: float | None,
+    subset_best: int,
+    rescored: Rescored,
+) -> Decision:
+    found = best_of(rescored.scores)
+    assert found is not None
+    step, score = found
+    outcome, reason = judge(kind, best=score, base=base_score, paired=scores[step])
+    text = f"{describe(rescored, scores, subset_best)} The gate: {reason}."
+    return Decision(
+        step, uris[step], score, base_score, dict(scores), outcome, text, dict(rescored.scores),
+        rescored.items,
+    )  # fmt: skip
+
+
+def describe(rescored: Rescored, scores: dict[int, float], subset_best: int) -> str:
+    """What was re-scored and what it changed, in words."""
+    parts = [
+        f"step {s} {rescored.scores[s]:.3f} (subset {scores[s]:.3f})"
+        for s in sorted(rescored.scores, key=lambda s: (-rescored.scores[s], s))
+    ]
+    found = best_of(rescored.scores)
+    assert found is not None
+    verdict = (
+        f"step {subset_best}, the best on the subset, stays the choice"
+        if found[0] == subset_best
+        else f"the choice moved from step {subset_best}, the best on the subset, to step {found[0]}"
+    )
+    return (
+        f"Re-scored the top {len(parts)} checkpoints on the whole eval split ({rescored.items} "
+        f"items, the subset's {rescored.subset_items} among them): {', '.join(parts)}; "
+        f"{verdict}."
+    )

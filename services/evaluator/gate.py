@@ -38,8 +38,12 @@ def gate_for(kind: TaskKind) -> Gate:
     return GATES[kind]
 
 
-def judge(kind: TaskKind, *, best: float, base: float | None) -> tuple[GateOutcome, str]:
-    """passed or rejected, and a one-line reason naming the numbers and the rule."""
+def judge(
+    kind: TaskKind, *, best: float, base: float | None, paired: float | None = None
+) -> tuple[GateOutcome, str]:
+    """passed or rejected, and a one-line reason naming the numbers and the rule. `paired`: the
+    best checkpoint's score on the items the base answered, when `best` is on more of the split
+    (re-scored): the threshold reads `best`, the margin compares like with like."""
     gate = gate_for(kind)
     if best + _EPSILON < gate.threshold:
         return "rejected", (
@@ -47,10 +51,17 @@ def judge(kind: TaskKind, *, best: float, base: float | None) -> tuple[GateOutco
         )
     if base is None:
         return "rejected", "the base model was not scored, so the margin over it is unknown"
-    if best + _EPSILON < base + gate.margin:
+    mine = best if paired is None else paired
+    what = "best task score" if paired is None else "on the subset the base answered, its score"
+    if mine + _EPSILON < base + gate.margin:
         return "rejected", (
-            f"best task score {best:.3f} does not beat the base model's {base:.3f} "
+            f"{what} {mine:.3f} does not beat the base model's {base:.3f} "
             f"by the {kind} margin {gate.margin:.2f}"
+        )
+    if paired is not None:
+        return "passed", (
+            f"best task score {best:.3f} reaches the {kind} threshold {gate.threshold:.2f}, and "
+            f"{what} {mine:.3f} beats the base model's {base:.3f} by at least {gate.margin:.2f}"
         )
     return "passed", (
         f"best task score {best:.3f} reaches the {kind} threshold {gate.threshold:.2f} "

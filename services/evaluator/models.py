@@ -1,5 +1,6 @@
 """Tables owned by the evaluator service: each job's plan and progress, its fixed eval subset, the
-points scored (the base model and each checkpoint) and every item's result.
+points scored (the base model and each checkpoint), every item's result, and the top checkpoints
+re-scored on the whole eval split before the decision.
 
 JSON parts (a prompt, a reference, an output, a grader's detail) are stored as bytes: they are
 read whole and never filtered on. The base model's results sit under step BASE_STEP (-1), so one
@@ -48,6 +49,10 @@ class EvalJobRow(SQLModel, table=True):
     # The decision (eval.decided) as published, JSON; published once stored.
     decision: bytes | None = Field(default=None, sa_type=sa.LargeBinary)
     decision_published: bool = False
+    # The overfit stop (overfit.py): its reason once the rule held, stored before the request
+    # (job.early_stop_requested) is published, once per job.
+    early_stop_reason: str | None = Field(default=None, max_length=1000)
+    early_stop_published: bool = False
     # The job ended (decided, failed or cancelled) and its engine was given back.
     closed: bool = False
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
@@ -75,6 +80,8 @@ class EvalPointRow(SQLModel, table=True):
     step: int = Field(primary_key=True)
     checkpoint_uri: str = Field(max_length=1024)
     score: float | None = None  # None: not scored (not due, or not yet)
+    # The trainer's mean loss over the steps since the checkpoint before (job.checkpoint_saved).
+    train_loss: float | None = None
     outputs_uri: str | None = Field(default=None, max_length=1024)
     duration_s: float | None = None
     # The best checkpoint moved to this point when it was scored (eval.best_checkpoint_changed).
@@ -98,3 +105,18 @@ class EvalResultRow(SQLModel, table=True):
     detail: bytes = Field(sa_type=sa.LargeBinary)
     latency_ms: float
     error: str | None = Field(default=None, max_length=2000)
+
+
+class EvalRescoreRow(SQLModel, table=True):
+    """A top checkpoint re-scored on the whole eval split before the decision: the mean over
+    `items` items (the subset's answers and the rest's), and the rest's outputs as JSONL."""
+
+    __tablename__ = "evaluator_rescores"
+
+    job_id: str = Field(primary_key=True, max_length=64)
+    step: int = Field(primary_key=True)
+    score: float
+    items: int
+    outputs_uri: str = Field(max_length=1024)
+    duration_s: float
+    scored_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

@@ -10,7 +10,13 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col, delete, select
 
 from services.evaluator.graders import Answer
-from services.evaluator.models import EvalItemRow, EvalJobRow, EvalPointRow, EvalResultRow
+from services.evaluator.models import (
+    EvalItemRow,
+    EvalJobRow,
+    EvalPointRow,
+    EvalRescoreRow,
+    EvalResultRow,
+)
 from services.evaluator.scoring import ItemResult
 from services.evaluator.subset import EvalItem
 from shared.db import session_scope, utcnow
@@ -99,12 +105,20 @@ def update_job(engine: Engine, job_id: str, **values: Any) -> None:
             setattr(row, name, value)
 
 
-def add_point(engine: Engine, job_id: str, step: int, uri: str) -> bool:
-    """Record a saved checkpoint; False when it was recorded before (its uri is kept)."""
+def add_point(
+    engine: Engine, job_id: str, step: int, uri: str, train_loss: float | None = None
+) -> bool:
+    """Record a saved checkpoint; False when it was recorded before (its uri is kept; its train
+    loss is filled in if it had none)."""
     with session_scope(engine) as session:
-        if session.get(EvalPointRow, (job_id, step)) is not None:
+        point = session.get(EvalPointRow, (job_id, step))
+        if point is not None:
+            if point.train_loss is None and train_loss is not None:
+                point.train_loss = train_loss
             return False
-        session.add(EvalPointRow(job_id=job_id, step=step, checkpoint_uri=uri))
+        session.add(
+            EvalPointRow(job_id=job_id, step=step, checkpoint_uri=uri, train_loss=train_loss)
+        )
         return True
 
 
@@ -175,6 +189,19 @@ def mark_published(engine: Engine, job_id: str, step: int) -> None:
         point = session.get(EvalPointRow, (job_id, step))
         assert point is not None
         point.published = True
+
+
+def rescores(engine: Engine, job_id: str) -> list[EvalRescoreRow]:
+    with session_scope(engine) as session:
+        return list(
+            session.exec(select(EvalRescoreRow).where(EvalRescoreRow.job_id == job_id)).all()
+        )
+
+
+def store_rescore(engine: Engine, row: EvalRescoreRow) -> None:
+    """Store a re-score; one stored before for the same step is replaced."""
+    with session_scope(engine) as session:
+        session.merge(row)
 
 
 def results(engine: Engine, job_id: str, step: int) -> list[tuple[EvalItemRow, EvalResultRow]]:

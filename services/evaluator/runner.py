@@ -1,5 +1,6 @@
 """A job's evaluation, moved on by each event about it: the base score, each due checkpoint in step
-order, then the decision and giving the engine back.
+order (after each, the overfit rule: overfit.py), then the decision (the top checkpoints re-scored
+on the whole eval split first: rescoring.py) and giving the engine back.
 
 Every event first records its fact (the plan, a saved checkpoint, where training ended), then
 calls `advance`, which does whatever is due and not done yet, one job at a time in this process.
@@ -19,10 +20,10 @@ from dataclasses import asdict
 
 from sqlalchemy.engine import Engine as DbEngine
 
-from services.evaluator import decision, records, scoring
+from services.evaluator import decision, overfit, records, rescoring, scoring
 from services.evaluator.engine_client import Engine, HosterClient, HosterRefused, generate
 from services.evaluator.models import BASE_STEP, EvalJobRow, EvalPointRow
-from services.evaluator.subset import SubsetError, build_subset
+from services.evaluator.subset import EvalItem, SubsetError, build_subset
 from shared.events import (
     BaseScored,
     BestCheckpointChanged,
@@ -30,6 +31,7 @@ from shared.events import (
     EvalCompleted,
     EvalDecided,
     Event,
+    JobEarlyStopRequested,
     JobPlanned,
     TrainingCompleted,
 )
@@ -46,9 +48,9 @@ class PlanNotKnown(RuntimeError):
     """An event about a job whose plan has not been stored yet (it is on its way): retry."""
 
 
-def outputs_key(tenant: str, job_id: str, step: int) -> str:
+def outputs_key(tenant: str, job_id: str, step: int, part: str = "") -> str:
     name = "base" if step == BASE_STEP else f"step-{step:08d}"
-    return f"tenants/{tenant}/jobs/{job_id}/evals/{name}.jsonl"
+    return f"tenants/{tenant}/jobs/{job_id}/evals/{name}{part}.jsonl"
 
 
 def _same_tenant(job: EvalJobRow | None, tenant: str) -> None:
@@ -66,9 +68,14 @@ class Evaluator:
         publish: Publish,
         concurrency: int = 8,
         request_timeout_s: float = 300.0,
+        overfit_rule: overfit.Rule | None = None,
+        rescore_top: int = 3,
+        rescore_max_items: int = 200,
     ) -> None:
         self.db, self.store, self.hoster, self.publish = db, store, hoster, publish
         self.concurrency, self.request_timeout_s = concurrency, request_timeout_s
+        self.overfit_rule = overfit_rule or overfit.Rule()
+        self.rescore_top, self.rescore_max_items = rescore_top, rescore_max_items
         self._locks: dict[str, asyncio.Lock] = {}
 
     # --- facts ------------------------------------------------------------------------------
@@ -93,7 +100,10 @@ class Evaluator:
 
     async def checkpoint_saved(self, event: CheckpointSaved) -> None:
         _same_tenant(await asyncio.to_thread(records.get_job, self.db, event.job_id), event.tenant)
-        await asyncio.to_thread(records.add_point, self.db, event.job_id, event.step, event.uri)
+        loss = event.metrics.get("loss")
+        await asyncio.to_thread(
+            records.add_point, self.db, event.job_id, event.step, event.uri, loss
+        )
         await self.advance(event.job_id)
 
     async def training_completed(self, event: TrainingCompleted) -> None:
@@ -151,6 +161,7 @@ class Evaluator:
         elif not job.base_published:
             await self._publish_base(job)
         while True:
+            await self._stop_if_overfitting(job)
             last_step = job.last_step if job.last_step is not None else job.steps
             pending = [
                 p
@@ -177,10 +188,18 @@ class Evaluator:
         return engine
 
     async def _run(
-        self, job: EvalJobRow, base_url: str, model: str, step: int
+        self,
+        job: EvalJobRow,
+        base_url: str,
+        model: str,
+        step: int,
+        items: list[EvalItem] | None = None,
+        part: str = "",
     ) -> tuple[list[scoring.ItemResult], float, str]:
-        """Generate and grade the subset; store the outputs as JSONL. (results, mean, uri)"""
-        items = await asyncio.to_thread(records.items, self.db, job.job_id)
+        """Generate and grade the subset (or `items`); store the outputs as JSONL (the key's
+        `part` after the step). (results, mean, uri)"""
+        if items is None:
+            items = await asyncio.to_thread(records.items, self.db, job.job_id)
         outputs = await generate(
             base_url,
             model,
@@ -190,7 +209,7 @@ class Evaluator:
         )
         kind: TaskKind = job.task_kind  # type: ignore[assignment]  # stored from a TaskKind
         results = scoring.grade(kind, items, outputs)
-        key = outputs_key(job.tenant, job.job_id, step)
+        key = outputs_key(job.tenant, job.job_id, step, part)
         body = scoring.outputs_jsonl(results)
         await asyncio.to_thread(self.store.put_bytes, key, body, content_type="application/jsonl")
         return results, scoring.mean_score(results), self.store.uri(key)
@@ -287,6 +306,39 @@ class Evaluator:
             )
         await asyncio.to_thread(records.mark_published, self.db, job.job_id, step)
 
+    async def _stop_if_overfitting(self, job: EvalJobRow) -> None:
+        """While training runs, ask the scheduler to end it once the overfit rule holds
+        (overfit.py): the reason is stored first, and the request's id is the job's, so a
+        redelivery or a restart publishes it once."""
+        if job.early_stop_published:
+            return
+        fresh = await asyncio.to_thread(records.get_job, self.db, job.job_id)
+        if fresh is None or fresh.last_step is not None:
+            return  # training has ended: nothing left to stop
+        reason = fresh.early_stop_reason
+        if reason is None:
+            rows = await asyncio.to_thread(records.points, self.db, job.job_id)
+            scored = [
+                overfit.Scored(p.step, p.score, p.train_loss) for p in rows if p.score is not None
+            ]
+            reason = overfit.overfitting(scored, self.overfit_rule)
+            if reason is None:
+                return
+            await asyncio.to_thread(
+                records.update_job, self.db, job.job_id, early_stop_reason=reason
+            )
+            log.info("job %s: early stop: %s", job.job_id, reason)
+        await self.publish(
+            JobEarlyStopRequested(
+                event_id=f"eval-{job.job_id}-early-stop",
+                tenant=job.tenant,
+                job_id=job.job_id,
+                reason=reason,
+            )
+        )
+        await asyncio.to_thread(records.update_job, self.db, job.job_id, early_stop_published=True)
+        job.early_stop_reason, job.early_stop_published = reason, True
+
     # --- the decision -----------------------------------------------------------------------
 
     async def _decide_if_ready(self, job: EvalJobRow) -> None:
@@ -317,16 +369,35 @@ class Evaluator:
             return None
         scores = {s: p.score for s, p in rows.items() if s in planned and p.score is not None}
         kind: TaskKind = job.task_kind  # type: ignore[assignment]
+        uris = {s: p.checkpoint_uri for s, p in rows.items()}
+        rescored = await self._rescored(job, scores, uris) if evaluated else None
         return decision.decide(
             kind=kind,
             eval_every=job.eval_every,
             scores=scores if evaluated else {},
-            uris={s: p.checkpoint_uri for s, p in rows.items()},
+            uris=uris,
             base_score=job.base_score,
             last_step=job.last_step,
             last_uri=last_uri,
             no_eval_reason=job.eval_error,
+            rescored=rescored,
         )
+
+    async def _rescored(
+        self, job: EvalJobRow, scores: dict[int, float], uris: dict[int, str]
+    ) -> decision.Rescored | None:
+        """The top checkpoints re-scored on the whole eval split (rescoring.py)."""
+
+        async def score_rest(step: int, items: list[EvalItem]) -> tuple[list[float], str]:
+            engine = await self._engine(job)
+            model = await self.hoster.load_checkpoint(engine.engine_id, uri=uris[step], step=step)
+            results, _, uri = await self._run(job, engine.base_url, model, step, items, "-rest")
+            return [r.score for r in results], uri
+
+        return await rescoring.rescore(
+            self.db, self.store, job, scores,
+            top=self.rescore_top, max_items=self.rescore_max_items, score_rest=score_rest,
+        )  # fmt: skip
 
     async def _publish_decision(self, job: EvalJobRow) -> None:
         assert job.decision is not None

@@ -3,8 +3,8 @@ eval-engine routes, exactly as the contract (/work notes loop.md) states them, a
 speaking OpenAI chat completions whose answers are as good as each model's `skill`.
 
 The engine reads the ticket number from the prompt ("Ticket N: ...") and answers the reference
-for item N when N % 16 < skill * 16, else a sentence that is not JSON (scores 0). Everything
-received is kept for the tests' assertions.
+for item N when N % 16 < skill * 16 (or when `right(model, N)`, if a test scripts that), else a
+sentence that is not JSON (scores 0). Everything received is kept for the tests' assertions.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,8 @@ class FakeHoster:
     port: int = field(default_factory=free_port)
     # model name -> share of items answered right
     skill: dict[str, float] = field(default_factory=dict)
+    # (model, ticket number) -> answered right; when set, it decides instead of `skill`
+    right: Callable[[str, int], bool] | None = None
     # steps whose first load answers 503 (the engine is still loading)
     loading_once: set[int] = field(default_factory=set)
     calls: list[HosterCall] = field(default_factory=list)
@@ -111,6 +114,8 @@ class FakeHoster:
     def _answer(self, model: str, prompt: str) -> str:
         found = _TICKET.search(prompt)
         n = int(found.group(1)) if found else 0
+        if self.right is not None:
+            return reference(n) if self.right(model, n) else "I am not sure."
         if n % 16 < self.skill.get(model, 0.0) * 16:
             return reference(n)
         return "I am not sure which team should take this ticket."

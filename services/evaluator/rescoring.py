@@ -1,0 +1,131 @@
+"""Re-scoring before the final choice: which checkpoints, on which items, and the combined score.
+
+The top checkpoints by subset score are scored on the whole eval split, up to a bound, so that
+the noise of a small subset does not pick the winner. The whole split's first items in the subset's own order (sha256 of version and
+sample id) are the subset itself; those answers were generated at temperature 0 and are reused,
+so only the rest of the split is generated. Each re-score is stored once made, so a restart
+re-scores only what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+from sqlalchemy.engine import Engine as DbEngine
+
+from services.evaluator import records
+from services.evaluator.decision import Rescored
+from services.evaluator.engine_client import HosterRefused
+from services.evaluator.models import EvalJobRow, EvalRescoreRow
+from services.evaluator.subset import EvalItem, SubsetError, item_of, pick, read_eval_split
+from shared.storage import ObjectStore
+
+log = logging.getLogger("tuneloop.evaluator")
+# Generate and grade `items` at a checkpoint's step and store the outputs: (each item's score,
+# the outputs' URI).
+ScoreRest = Callable[[int, list[EvalItem]], Awaitable[tuple[list[float], str]]]
+
+
+def candidates(scores: dict[int, float], top: int) -> list[int]:
+    """The `top` steps by score (the earlier step first among equals); none when re-scoring
+    cannot change the choice (fewer than two checkpoints, or `top` under two)."""
+    if top < 2 or len(scores) < 2:
+        return []
+    return sorted(scores, key=lambda s: (-scores[s], s))[:top]
+
+
+def rest_of_split(
+    store: ObjectStore,
+    *,
+    dataset_uri: str,
+    dataset_version: str,
+    subset_ids: set[str],
+    max_items: int,
+) -> list[EvalItem]:
+    """The items of the whole split (its first `max_items`) that the subset does not hold,
+    numbered after it. A sample that cannot be sent as a prompt is left out, as the subset
+    leaves it out. SubsetError when the split cannot be read; StorageError passes through."""
+    chosen = pick(read_eval_split(store, dataset_uri), size=max_items, seed=dataset_version)
+    rest: list[EvalItem] = []
+    for sample in chosen:
+        if sample.id in subset_ids:
+            continue
+        try:
+            rest.append(item_of(len(subset_ids) + len(rest), sample))
+        except SubsetError:
+            continue
+    return rest
+
+
+def combined(subset_scores: Sequence[float], rest_scores: Sequence[float]) -> float:
+    """The mean over the whole split: the subset's item scores and the rest's together."""
+    total = len(subset_scores) + len(rest_scores)
+    return (sum(subset_scores) + sum(rest_scores)) / total if total else 0.0
+
+
+async def rescore(
+    db: DbEngine,
+    store: ObjectStore,
+    job: EvalJobRow,
+    scores: dict[int, float],
+    *,
+    top: int,
+    max_items: int,
+    score_rest: ScoreRest,
+) -> Rescored | None:
+    """The top checkpoints on the whole split; a note saying why not when it cannot be done;
+    None when re-scoring could not change the choice."""
+    steps = candidates(scores, top)
+    if not steps:
+        return None
+    subset = await asyncio.to_thread(records.items, db, job.job_id)
+    try:
+        rest = await asyncio.to_thread(
+            rest_of_split,
+            store,
+            dataset_uri=job.dataset_uri,
+            dataset_version=job.dataset_version,
+            subset_ids={item.sample_id for item in subset},
+            max_items=max_items,
+        )
+    except SubsetError as exc:
+        return Rescored(note=f"Not re-scored on the whole eval split: {exc}.")
+    if not rest:
+        return Rescored(note=f"No re-scoring: the subset ({len(subset)} items) is the whole split.")
+    done = {r.step: r for r in await asyncio.to_thread(records.rescores, db, job.job_id)}
+    try:
+        for step in steps:
+            if step not in done:
+                done[step] = await _rescore_one(db, job.job_id, step, rest, score_rest)
+    except HosterRefused as exc:
+        return Rescored(note=f"Not re-scored on the whole eval split: {exc}.")
+    return Rescored(
+        items=len(subset) + len(rest),
+        subset_items=len(subset),
+        scores={s: done[s].score for s in steps},
+    )
+
+
+async def _rescore_one(
+    db: DbEngine, job_id: str, step: int, rest: list[EvalItem], score_rest: ScoreRest
+) -> EvalRescoreRow:
+    started = time.monotonic()
+    rest_scores, uri = await score_rest(step, rest)
+    subset = await asyncio.to_thread(records.results, db, job_id, step)
+    row = EvalRescoreRow(
+        job_id=job_id,
+        step=step,
+        score=combined([r.score for _, r in subset], rest_scores),
+        items=len(subset) + len(rest_scores),
+        outputs_uri=uri,
+        duration_s=time.monotonic() - started,
+    )
+    await asyncio.to_thread(records.store_rescore, db, row)
+    log.info(
+        "job %s: re-scored step %d on %d items: %.3f in %.1fs",
+        job_id, step, row.items, row.score, row.duration_s,
+    )  # fmt: skip
+    return row
