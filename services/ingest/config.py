@@ -30,6 +30,9 @@ class IngestSettings(BaseSettings):
     # Upstream calls: connect fast, but let long generations stream for as long as they take.
     upstream_connect_timeout_s: float = Field(default=10.0, gt=0)
     upstream_read_timeout_s: float = Field(default=600.0, gt=0)
+    # How long a call to a cold deployment waits for the hoster to load it again (wake.py): its
+    # engine's start and model load, as the hoster waits for them (180 + 600 s by default).
+    wake_timeout_s: float = Field(default=900.0, gt=0)
     upstream_max_connections: int = Field(default=512, ge=1)
     # A pooled upstream connection idle this long is not reused. Below the 5 s after which
     # uvicorn (vLLM's server, so our own deployments) and Node close an idle connection: one

@@ -23,6 +23,7 @@ OWNERS = {
     "fine_tuning": "scheduler",
     "models": "hoster",
     "deployments": "hoster",
+    "served_names": "hoster",
     "evals": "evaluator",
 }
 _HOP_BY_HOP = HOP_BY_HOP | {"host", "content-length"}

@@ -46,6 +46,7 @@ from services.ingest.purpose import TAG_PREFIX as PURPOSE_PREFIX
 from services.ingest.purpose import PurposeRefused, check_tags, purpose_tag
 from services.ingest.routing import VERSION_TAG_PREFIX, Api, Route, RoutingTable
 from services.ingest.upstream_pool import UpstreamError, UpstreamPool
+from services.ingest.wake import WakeFailed, Waker
 from shared.auth import (
     ACCEPTED_KEY_SOURCES,
     AuthError,
@@ -80,7 +81,9 @@ class Gateway:
         capture: Callable[[CapturedCall], object],  # what it returns is not used
         served_by: str = "ingest",
         report: Callable[[Event], Awaitable[None]] | None = None,
+        waker: Waker | None = None,
     ) -> None:
+        self._waker = waker
         self.settings = settings
         self.routes = routes
         # Where a canary's verdict goes (the bus): off the caller's path, after its answer.
@@ -99,6 +102,8 @@ class Gateway:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+        if self._waker is not None:
+            await self._waker.client.aclose()
 
     async def authenticate(self, request: Request) -> Principal:
         """The caller's principal (cached; a miss asks the database in a worker thread, never
@@ -166,6 +171,12 @@ class Gateway:
             )
             await self.refuse(refusal, scope, receive, send)
             return
+        if routes.is_cold(route):
+            woken = await self._wake(route, api, model)
+            if isinstance(woken, Response):
+                await self.refuse(woken, scope, receive, send)
+                return
+            route = woken
         caller_tags = list(incoming.tags)
         shadow = (
             routes.shadow(tenant, route, lambda: split_key(incoming, tenant))
@@ -255,6 +266,20 @@ class Gateway:
         task = asyncio.create_task(work)
         self._reports.add(task)
         task.add_done_callback(self._reports.discard)
+
+    async def _wake(self, route: Route, api: Api, model: str | None) -> Route | Response:
+        """A cold deployment loaded again (the call waits), or the 503 to answer."""
+        assert route.deployment_id is not None
+        if self._waker is None:
+            return route  # nobody to ask: the call goes on, and the engine says what it says
+        try:
+            endpoint = await self._waker.wake(route.deployment_id)
+        except WakeFailed as exc:
+            log.warning("deployment %s could not be woken: %s", route.deployment_id, exc)
+            refusal = error_response(api, 503, f"model {model}: its deployment is cold and {exc}")
+            refusal.raw_headers.append((b"retry-after", b"10"))
+            return refusal
+        return self.routes.woke(route, endpoint)
 
     def _observe(self, tenant: str, route: Route, status: int, latency_ms: float) -> None:
         verdict = self.routes.observe(tenant, route, status < 500, latency_ms)

@@ -26,6 +26,7 @@ from shared.chat import Source
 from shared.db import session_scope
 from shared.events import (
     DatasetBuildRequested,
+    DeploymentCold,
     DeploymentReady,
     DeploymentStopped,
     SampleCaptured,
@@ -139,6 +140,12 @@ def build_router(
             event.primary.deployment_id if event.primary else None,
             event.canary.deployment_id if event.canary else None, event.canary_percent,
         )  # fmt: skip
+
+    @bus.watch(router, DeploymentCold)
+    async def cold_deployment(event: DeploymentCold) -> None:
+        routes.mark_cold(event.deployment_id)
+        log.info("deployment %s of tenant %s is cold: its next call wakes it",
+                 event.deployment_id, event.tenant)  # fmt: skip
 
     @bus.watch(router, DeploymentStopped)
     async def unroute_deployment(event: DeploymentStopped) -> None:

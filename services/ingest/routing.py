@@ -10,7 +10,7 @@ from __future__ import annotations
 import fnmatch
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -47,6 +47,8 @@ class Route:
     served_name: str | None = None
     canary: bool = False
     model: str | None = None
+    # The deployment it goes to (None: an upstream of the file), for waking a cold one.
+    deployment_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,9 @@ class Deployed:
         tags = (VERSION_TAG_PREFIX + self.version_id,) if self.version_id else ()
         name = f"deployment:{self.deployment_id}"
         base = self.endpoint_url.rstrip("/")
-        return Route(name, "openai", base, None, tags, served_name, canary, self.model)
+        return Route(
+            name, "openai", base, None, tags, served_name, canary, self.model, self.deployment_id
+        )
 
     @classmethod
     def of(cls, target: ServedTarget) -> Deployed:
@@ -137,6 +141,8 @@ class RoutingTable:
     stopped: set[str] = field(default_factory=set)
     # (tenant, served name) -> where its calls go (served.py); before deployments' own names.
     served: dict[tuple[str, str], Served] = field(default_factory=dict)
+    # Deployments unloaded for idling (deployment.cold): a call to one wakes it (wake.py).
+    cold: set[str] = field(default_factory=set)
     _resolved: dict[tuple[str, str], Route | None] = field(default_factory=dict, repr=False)
 
     def resolve(
@@ -180,12 +186,27 @@ class RoutingTable:
         endpoint_url: str,
         version_id: str | None = None,
     ) -> None:
+        self.cold.discard(deployment_id)
         if deployment_id not in self.stopped:
             # An engine's OpenAI base URL ends in /v1, as an SDK's does; the gateway sends the
             # caller's own path (/v1/chat/completions) to the server's root, as for upstreams.
             root = endpoint_url.rstrip("/").removesuffix("/v1")
             deployed = Deployed(deployment_id, root, version_id)
             self.deployments[(tenant, served_model_name)] = deployed
+
+    def mark_cold(self, deployment_id: str) -> None:
+        if deployment_id not in self.stopped:
+            self.cold.add(deployment_id)
+
+    def is_cold(self, route: Route) -> bool:
+        return route.deployment_id is not None and route.deployment_id in self.cold
+
+    def woke(self, route: Route, endpoint_url: str) -> Route:
+        """The route to a deployment woken at `endpoint_url` (it may have moved)."""
+        if route.deployment_id is not None:
+            self.cold.discard(route.deployment_id)
+        root = endpoint_url.rstrip("/").removesuffix("/v1")
+        return replace(route, base_url=root)
 
     def set_served(self, event: ServedNameChanged) -> None:
         """The newest state of a served name wins, whatever order the events come in."""

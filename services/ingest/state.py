@@ -25,6 +25,7 @@ from services.ingest.pipeline import CapturePipeline
 from services.ingest.routing import RoutingTable, load_upstreams
 from services.ingest.shipper_child import ShipperChild
 from services.ingest.traces import TraceReceiver
+from services.ingest.wake import Waker
 from shared import accel, bus
 from shared.auth import CachedAuthenticator
 from shared.events import Event, SampleCaptured
@@ -96,6 +97,12 @@ class Ingest:
             authenticator=CachedAuthenticator(engine, ttl_s=ingest_settings.auth_cache_ttl_s),
             capture=journal.append,
             report=publish_event,
+            waker=Waker(
+                client=httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0)),
+                hoster_url=service_urls(settings)["hoster"],
+                service_token=settings.auth.service_token.get_secret_value(),
+                timeout_s=ingest_settings.wake_timeout_s,
+            ),
         )
         control_client = forwarding.control_client()
         mapper = ExportMapper(
