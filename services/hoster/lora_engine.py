@@ -40,6 +40,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.hoster.batching import Batcher
+from shared.tool_calls import read_tool_calls
 
 log = logging.getLogger("tuneloop.hoster.lora_engine")
 ADAPTER_CONFIG = "adapter_config.json"
@@ -391,12 +392,26 @@ class Completion:
     prompt: list[int]
     limit: int
     tokens: list[int] = field(default_factory=list)
+    # The request offered tools: `<tool_call>` blocks in the answer become `tool_calls`.
+    tools: bool = False
 
     @classmethod
     def of(cls, served: Served, request: ChatRequest) -> Completion:
         limit = request.max_completion_tokens or request.max_tokens or DEFAULT_MAX_TOKENS
         prompt = prompt_ids(served, request)  # a bad conversation is a 400 before any output
-        return cls(f"chatcmpl-{uuid.uuid4().hex}", request.model, prompt, limit)
+        tools = bool(request.tools)
+        return cls(f"chatcmpl-{uuid.uuid4().hex}", request.model, prompt, limit, tools=tools)
+
+    def message(self, text: str, stopped: bool) -> tuple[dict[str, Any], str]:
+        """The answer's message and finish reason: with tools offered, the calls it wrote are
+        `tool_calls` (finish `tool_calls`), as a provider answers (shared/tool_calls.py)."""
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if self.tools:
+            content, calls = read_tool_calls(text)
+            if calls:
+                message.update(content=content, tool_calls=calls)
+                return message, "tool_calls"
+        return message, self.finish_reason(stopped)
 
     def finish_reason(self, stopped: bool) -> str:
         return "stop" if stopped or len(self.tokens) < self.limit else "length"
@@ -444,23 +459,14 @@ async def complete(served: Served, completion: Completion) -> dict[str, Any]:
     eos = served.tokenizer.eos_token_id
     stopped = bool(completion.tokens) and completion.tokens[-1] == eos
     body = completion.tokens[:-1] if stopped else completion.tokens
+    text = served.tokenizer.decode(body, skip_special_tokens=True)
+    message, finish = completion.message(text, stopped)
     return {
         "id": completion.id,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": completion.model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {
-                    "role": "assistant",
-                    "content": served.tokenizer.decode(body, skip_special_tokens=True),
-                    "refusal": None,
-                },
-                "finish_reason": completion.finish_reason(stopped),
-                "logprobs": None,
-            }
-        ],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
         "usage": completion.usage(),
     }
 
@@ -473,6 +479,13 @@ async def stream(
     decoder = DecodeStream(skip_special_tokens=True)
     rust, eos = served.tokenizer._tokenizer, served.tokenizer.eos_token_id
     yield _chunk(completion, {"role": "assistant", "content": ""}, None)
+    if completion.tools:  # calls are read from the whole answer: it comes in one chunk
+        async for chunk in _stream_whole(served, completion):
+            yield chunk
+        if include_usage:
+            yield _usage_chunk(completion)
+        yield "data: [DONE]\n\n"
+        return
     stopped = False
     said, kept = "", []  # the text sent so far, and its tokens
     try:
@@ -493,16 +506,37 @@ async def stream(
         yield _chunk(completion, {"content": whole[len(said) :]}, None)
     yield _chunk(completion, {}, completion.finish_reason(stopped))
     if include_usage:
-        usage = {
-            "id": completion.id,
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": completion.model,
-            "choices": [],
-            "usage": completion.usage(),
-        }
-        yield f"data: {json.dumps(usage)}\n\n"
+        yield _usage_chunk(completion)
     yield "data: [DONE]\n\n"
+
+
+async def _stream_whole(served: Served, completion: Completion) -> AsyncIterator[str]:
+    """A streamed answer to a request that offered tools: its text and calls in one chunk
+    once it is whole (a call cannot be told from text until its block closes)."""
+    try:
+        answer = await complete(served, completion)
+    except EngineError as exc:
+        yield f"data: {json.dumps({'error': {'message': exc.message, 'code': exc.code}})}\n\n"
+        return
+    choice = answer["choices"][0]
+    message, finish = choice["message"], choice["finish_reason"]
+    delta: dict[str, Any] = {"content": message["content"]}
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+    yield _chunk(completion, delta, None)
+    yield _chunk(completion, {}, finish)
+
+
+def _usage_chunk(completion: Completion) -> str:
+    usage = {
+        "id": completion.id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": completion.model,
+        "choices": [],
+        "usage": completion.usage(),
+    }
+    return f"data: {json.dumps(usage)}\n\n"
 
 
 # --- HTTP ----------------------------------------------------------------------------------------
