@@ -2,9 +2,10 @@
 
 from fastapi import FastAPI
 
-from services.evaluator import api, handlers, overfit
-from services.evaluator.config import EvaluatorSettings
+from services.evaluator import api, handlers, judge_api, overfit
+from services.evaluator.config import EvaluatorSettings, JudgeSettings
 from services.evaluator.engine_client import HosterClient
+from services.evaluator.judging import Judging
 from services.evaluator.runner import Evaluator
 from shared import bus
 from shared.events import Event
@@ -29,6 +30,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def nothing() -> None:
         return None
 
+    judging = Judging.from_settings(runtime.engine, JudgeSettings())
     evaluator = Evaluator(
         db=runtime.engine,
         store=ObjectStore.from_settings(runtime.settings.s3),
@@ -39,12 +41,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         overfit_rule=overfit.Rule(config.overfit_evals, config.overfit_margin),
         rescore_top=config.rescore_top,
         rescore_max_items=config.rescore_max_items,
+        judging=judging,
     )
     runtime.include_router(handlers.build_router(evaluator, keepalive_s=config.keepalive_s))
     runtime.on_lifecycle(nothing, hoster.aclose)
+    runtime.on_lifecycle(nothing, judging.aclose)
     app = runtime.build_app(
         api.router,
         summary="Mid-run task evals: generation on held-out data, the rubric judge, scores, best-checkpoint choice and the eval gate.",
     )
+    app.state.judging = judging
+    app.include_router(judge_api.router)
     app.add_exception_handler(api.EvalError, api.eval_error_response)
     return app

@@ -6,10 +6,11 @@ hoster and how hard it drives an engine.
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.settings import Settings
+from shared.tasks import TaskKind
 
 
 class EvaluatorSettings(BaseSettings):
@@ -45,3 +46,37 @@ class EvaluatorSettings(BaseSettings):
         # A wildcard bind address listens everywhere; connect to this machine's loopback.
         host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # noqa: S104
         return f"http://{host}:{settings.services.hoster_port}"
+
+
+class JudgeSettings(BaseSettings):
+    """The LLM judge (env prefix TUNELOOP_EVALUATOR_JUDGE_): any OpenAI-compatible endpoint.
+    Without a base URL and a model there is no judge, and every task kind is graded
+    deterministically. Through the gateway, use a key of scope `internal`: its calls are then
+    captured tagged purpose:judge and kept out of datasets."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TUNELOOP_EVALUATOR_JUDGE_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+    )
+
+    base_url: str | None = None
+    api_key: SecretStr = SecretStr("")
+    model: str | None = None
+    # Task kinds the judge grades when it is configured; the others keep their exact graders.
+    kinds: list[TaskKind] = ["free_text"]
+    # Sent as x-tuneloop-purpose (empty: not sent, for an endpoint that is not our gateway).
+    purpose: str = "judge"
+    # Judge calls in flight across every job of this evaluator.
+    concurrency: int = Field(default=4, ge=1, le=64)
+    timeout_s: float = Field(default=120.0, gt=0)
+    # The SDK's own retries of a 5xx, 429 or a dropped connection, before an item's judge_error.
+    max_retries: int = Field(default=2, ge=0, le=10)
+    max_tokens: int = Field(default=400, ge=16, le=4096)
+    # Items of the job's subset the rubric is written from.
+    rubric_items: int = Field(default=6, ge=1, le=32)
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.base_url and self.model)

@@ -22,6 +22,7 @@ from sqlalchemy.engine import Engine as DbEngine
 
 from services.evaluator import decision, overfit, records, rescoring, scoring
 from services.evaluator.engine_client import Engine, HosterClient, HosterRefused, generate
+from services.evaluator.judging import Judging
 from services.evaluator.models import BASE_STEP, EvalJobRow, EvalPointRow
 from services.evaluator.subset import EvalItem, SubsetError, build_subset
 from shared.events import (
@@ -71,12 +72,14 @@ class Evaluator:
         overfit_rule: overfit.Rule | None = None,
         rescore_top: int = 3,
         rescore_max_items: int = 200,
+        judging: Judging | None = None,
     ) -> None:
         self.db, self.store, self.hoster, self.publish = db, store, hoster, publish
         self.concurrency, self.request_timeout_s = concurrency, request_timeout_s
         self.overfit_rule = overfit_rule or overfit.Rule()
         self.rescore_top, self.rescore_max_items = rescore_top, rescore_max_items
         self._locks: dict[str, asyncio.Lock] = {}
+        self.judging = judging  # the LLM judge (judging.py); None: deterministic graders only
 
     # --- facts ------------------------------------------------------------------------------
 
@@ -96,6 +99,8 @@ class Evaluator:
                     error = f"no eval subset: {exc}"
                     log.warning("job %s: %s", event.job_id, error)
             await asyncio.to_thread(records.create_job, self.db, event, items, error)
+        if self.judging is not None:
+            await self.judging.prepare(event.job_id)
         await self.advance(event.job_id)
 
     async def checkpoint_saved(self, event: CheckpointSaved) -> None:
@@ -209,10 +214,13 @@ class Evaluator:
         )
         kind: TaskKind = job.task_kind  # type: ignore[assignment]  # stored from a TaskKind
         results = scoring.grade(kind, items, outputs)
+        score = scoring.mean_score(results)
+        if self.judging is not None:
+            results, score = await self.judging.grade(job, results, score)
         key = outputs_key(job.tenant, job.job_id, step, part)
         body = scoring.outputs_jsonl(results)
         await asyncio.to_thread(self.store.put_bytes, key, body, content_type="application/jsonl")
-        return results, scoring.mean_score(results), self.store.uri(key)
+        return results, score, self.store.uri(key)
 
     async def _score_base(self, job: EvalJobRow) -> None:
         engine = await self._engine(job)
@@ -371,7 +379,7 @@ class Evaluator:
         kind: TaskKind = job.task_kind  # type: ignore[assignment]
         uris = {s: p.checkpoint_uri for s, p in rows.items()}
         rescored = await self._rescored(job, scores, uris) if evaluated else None
-        return decision.decide(
+        made = decision.decide(
             kind=kind,
             eval_every=job.eval_every,
             scores=scores if evaluated else {},
@@ -382,6 +390,8 @@ class Evaluator:
             no_eval_reason=job.eval_error,
             rescored=rescored,
         )
+        # A judged job: the judge's choice only while it is trusted (judging.settle).
+        return await self.judging.settle(job, made) if self.judging is not None else made
 
     async def _rescored(
         self, job: EvalJobRow, scores: dict[int, float], uris: dict[int, str]
