@@ -18,6 +18,8 @@ from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 
 from services.evaluator import decision, records
+from services.evaluator.evals import protocol as evals_protocol
+from services.evaluator.evals import serving as evals_serving
 from services.evaluator.models import BASE_STEP, EvalJobRow
 from shared import auth
 from shared.db import get_engine
@@ -205,10 +207,17 @@ Principal = Annotated[auth.Principal, Depends(auth.require_access)]
 
 @router.get(
     "/evals/{job_id}",
-    response_model=EvalObject,
-    summary="A job's evaluation: base score, each checkpoint's task score, best step, gate",
+    response_model=EvalObject | evals_protocol.Eval,
+    summary="A job's evaluation: base score, each checkpoint's task score, best step, gate; "
+    "for an `eval_...` id, that eval of the Evals API (services/evaluator/evals)",
 )
-async def get_evaluation(job_id: str, principal: Principal, engine: EngineDep) -> EvalObject:
+async def get_evaluation(
+    job_id: str, principal: Principal, engine: EngineDep
+) -> EvalObject | evals_protocol.Eval:
+    if evals_serving.is_eval_id(job_id):
+        return await asyncio.to_thread(
+            evals_serving.eval_by_id, engine, principal.tenant_id, job_id
+        )
     return await asyncio.to_thread(_evaluation, engine, principal.tenant_id, job_id)
 
 

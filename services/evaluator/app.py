@@ -5,6 +5,8 @@ from fastapi import FastAPI
 from services.evaluator import api, handlers, judge_api, overfit
 from services.evaluator.config import EvaluatorSettings, JudgeSettings
 from services.evaluator.engine_client import HosterClient
+from services.evaluator.evals import api as evals_api
+from services.evaluator.evals.serving import Evals
 from services.evaluator.judging import Judging
 from services.evaluator.runner import Evaluator
 from shared import bus
@@ -46,6 +48,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     runtime.include_router(handlers.build_router(evaluator, keepalive_s=config.keepalive_s))
     runtime.on_lifecycle(nothing, hoster.aclose)
     runtime.on_lifecycle(nothing, judging.aclose)
+    evals = Evals.from_settings(runtime.engine, config, runtime.settings)
+    runtime.on_lifecycle(evals.start, evals.stop)
     app = runtime.build_app(
         api.router,
         summary="Mid-run task evals: generation on held-out data, the rubric judge, scores, best-checkpoint choice and the eval gate.",
@@ -53,4 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.judging = judging
     app.include_router(judge_api.router)
     app.add_exception_handler(api.EvalError, api.eval_error_response)
+    app.state.evals = evals
+    app.include_router(evals_api.router)
+    evals_api.add_error_handlers(app)
     return app

@@ -28,6 +28,16 @@ class EvaluatorSettings(BaseSettings):
     request_timeout_s: float = Field(default=300.0, gt=0)
     # How often a long evaluation tells JetStream its event is still in hand (under its ack wait).
     keepalive_s: float = Field(default=20.0, gt=0)
+    # The Evals API (docs/evaluator.md): the gateway its runs call models through, and where
+    # uploaded files and datasets are read from; default: the local stack's ingest.
+    ingest_url: str | None = None
+    # Generations in flight per run, and runs executing at once (the rest wait, queued).
+    evals_concurrency: int = Field(default=8, ge=1, le=64)
+    evals_runs_at_once: int = Field(default=2, ge=1, le=16)
+    # A run's items (inline, a file or a dataset's eval split) and the file it reads at most.
+    evals_max_items: int = Field(default=10_000, ge=1)
+    evals_max_file_bytes: int = Field(default=64 * 1024**2, ge=1)
+    evals_request_timeout_s: float = Field(default=120.0, gt=0)
     # The overfit stop (overfit.py): the subset's mean task score falling `overfit_evals` evals
     # in a row, each by at least `overfit_margin`, while the train loss falls. 0.02 is over one
     # field of one item on a 16-item json subset (~0.009) and under one short label (0.0625).
@@ -46,6 +56,13 @@ class EvaluatorSettings(BaseSettings):
         # A wildcard bind address listens everywhere; connect to this machine's loopback.
         host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # noqa: S104
         return f"http://{host}:{settings.services.hoster_port}"
+
+    def ingest(self, settings: Settings) -> str:
+        if self.ingest_url:
+            return self.ingest_url.rstrip("/")
+        host = settings.app.bind_host
+        host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # noqa: S104
+        return f"http://{host}:{settings.services.port_of('ingest')}"
 
 
 class JudgeSettings(BaseSettings):

@@ -1,0 +1,363 @@
+"""The work behind the Evals API's routes: check a definition, store it, start and stop runs,
+and lay rows out as OpenAI's objects. Every call is for one tenant; what is not the tenant's is
+a 404, as if it did not exist."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any, Literal, cast
+
+import httpx
+from sqlalchemy.engine import Engine
+
+from services.evaluator.config import EvaluatorSettings
+from services.evaluator.evals import checks, protocol, sources, store
+from services.evaluator.evals.errors import EvalsError, not_found, unsupported
+from services.evaluator.evals.runs import RunExecutor
+from services.evaluator.models import EvalsEvalRow, EvalsOutputItemRow, EvalsRunRow
+from shared.settings import Settings
+
+EVAL_PREFIX, RUN_PREFIX, ITEM_PREFIX = "eval_", "evalrun_", "outputitem_"
+ItemStatus = Literal["pass", "fail", "error"]
+# What a `completions` run puts in the `sample` namespace (OpenAI's names).
+SAMPLE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "model": {"type": "string"},
+        "output_text": {"type": "string"},
+        "output_json": {"type": "object"},
+        "output_tools": {"type": "array", "items": {"type": "object"}},
+    },
+    "required": ["model", "output_text"],
+}
+
+
+def is_eval_id(ident: str) -> bool:
+    return ident.startswith(EVAL_PREFIX)
+
+
+def _new_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex
+
+
+def _seconds(row: Any, name: str = "created_at") -> int:
+    return int(getattr(row, name).timestamp())
+
+
+def eval_object(row: EvalsEvalRow) -> protocol.Eval:
+    config = store.loads(row.data_source_config)
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {"item": config["item_schema"]},
+        "required": ["item"],
+    }
+    if config["include_sample_schema"]:
+        schema["properties"]["sample"] = SAMPLE_SCHEMA
+        schema["required"].append("sample")
+    return protocol.Eval(
+        id=row.id,
+        created_at=_seconds(row),
+        name=row.name,
+        metadata=store.loads(row.meta),
+        data_source_config={"type": "custom", "schema": schema},
+        testing_criteria=store.loads(row.testing_criteria),
+    )
+
+
+def eval_by_id(engine: Engine, tenant: str, eval_id: str) -> protocol.Eval:
+    """The tenant's eval (blocking); 404 naming `eval_id` for any other."""
+    row = store.get_eval(engine, tenant, eval_id)
+    if row is None:
+        raise not_found("eval", eval_id, "eval_id")
+    return eval_object(row)
+
+
+class Evals:
+    """The Evals API's operations for the routes in api.py."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        executor: RunExecutor,
+        reader: sources.IngestReader,
+        *,
+        max_items: int,
+    ) -> None:
+        self.engine, self.executor, self.reader = engine, executor, reader
+        self.max_items = max_items
+
+    @classmethod
+    def from_settings(cls, engine: Engine, config: EvaluatorSettings, settings: Settings) -> Evals:
+        """The service as configured: runs call the gateway (ingest), which also serves the
+        uploaded files and datasets they read."""
+        ingest = config.ingest(settings)
+        executor = RunExecutor(
+            engine,
+            gateway_url=ingest,
+            concurrency=config.evals_concurrency,
+            runs_at_once=config.evals_runs_at_once,
+            timeout_s=config.evals_request_timeout_s,
+        )
+        http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0))
+        reader = sources.IngestReader(http, ingest, max_bytes=config.evals_max_file_bytes)
+        return cls(engine, executor, reader, max_items=config.evals_max_items)
+
+    async def start(self) -> None:
+        await self.executor.start()
+
+    async def stop(self) -> None:
+        await self.executor.stop()
+        await self.reader.client.aclose()
+
+    # --- evals --------------------------------------------------------------------------------
+
+    async def _eval_row(self, tenant: str, eval_id: str) -> EvalsEvalRow:
+        row = await asyncio.to_thread(store.get_eval, self.engine, tenant, eval_id)
+        if row is None:
+            raise not_found("eval", eval_id, "eval_id")
+        return row
+
+    async def create_eval(self, tenant: str, body: protocol.EvalCreate) -> protocol.Eval:
+        config = checks.check_eval(body)
+        ident = _new_id(EVAL_PREFIX)
+        row = EvalsEvalRow(
+            id=ident,
+            tenant=tenant,
+            name=body.name or ident,
+            meta=store.dumps(body.metadata),
+            data_source_config=store.dumps(config.model_dump(exclude={"type"})),
+            testing_criteria=store.dumps(
+                [c.model_dump(mode="json", exclude_none=True) for c in body.testing_criteria]
+            ),
+        )
+        await asyncio.to_thread(store.add, self.engine, row)
+        return eval_object(row)
+
+    async def get_eval(self, tenant: str, eval_id: str) -> protocol.Eval:
+        return await asyncio.to_thread(eval_by_id, self.engine, tenant, eval_id)
+
+    async def list_evals(
+        self, tenant: str, *, after: str | None, limit: int, order: store.Order, order_by: str
+    ) -> protocol.EvalList:
+        page = await asyncio.to_thread(
+            store.list_evals, self.engine, tenant,
+            after=after, limit=limit, order=order, order_by=order_by,
+        )  # fmt: skip
+        if page is None:
+            raise not_found("eval", str(after), "after")
+        data = [eval_object(row) for row in page.rows]
+        return protocol.EvalList(
+            data=data,
+            first_id=data[0].id if data else None,
+            last_id=data[-1].id if data else None,
+            has_more=page.has_more,
+        )
+
+    async def update_eval(
+        self, tenant: str, eval_id: str, body: protocol.EvalUpdate
+    ) -> protocol.Eval:
+        meta = store.dumps(body.metadata) if "metadata" in body.model_fields_set else None
+        row = await asyncio.to_thread(
+            store.update_eval, self.engine, tenant, eval_id, name=body.name, meta=meta
+        )
+        if row is None:
+            raise not_found("eval", eval_id, "eval_id")
+        return eval_object(row)
+
+    async def delete_eval(self, tenant: str, eval_id: str) -> protocol.EvalDeleted:
+        live = await asyncio.to_thread(store.delete_eval, self.engine, tenant, eval_id)
+        if live is None:
+            raise not_found("eval", eval_id, "eval_id")
+        for run_id in live:
+            await self.executor.cancel(run_id)
+        return protocol.EvalDeleted(deleted=True, eval_id=eval_id)
+
+    # --- runs ---------------------------------------------------------------------------------
+
+    async def _rows(
+        self, body: protocol.RunCreate, headers: dict[str, str]
+    ) -> tuple[list[sources.Row], str, str]:
+        """The run's items, the field that names them and the label of one in messages."""
+        source = body.data_source
+        if isinstance(source, protocol.OtherDataSource):
+            raise unsupported("data_source.type", f"a {source.type!r} data source")
+        given = source.source
+        if isinstance(given, protocol.OtherSource):
+            raise unsupported("data_source.source.type", f"a {given.type!r} source")
+        if isinstance(given, protocol.FileContent):
+            rows = [sources.Row(row.item, row.sample) for row in given.content]
+            return rows, "data_source.source.content", "data_source.source.content"
+        return await self.reader.rows(given.id, headers), sources.SOURCE_ID, f"{given.id} item"
+
+    async def create_run(
+        self, tenant: str, eval_id: str, body: protocol.RunCreate, *, key: str | None
+    ) -> protocol.Run:
+        eval_row = await self._eval_row(tenant, eval_id)
+        source = body.data_source
+        checks.check_writable(source.model_dump(mode="json"), "data_source")
+        if isinstance(source, protocol.CompletionsDataSource):
+            config = store.loads(eval_row.data_source_config)
+            checks.check_messages(source, checks.item_properties(config["item_schema"]))
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        rows, param, label = await self._rows(body, headers)
+        checks.check_rows(rows, eval_row, body, param=param, label=label, max_items=self.max_items)
+        run_id = _new_id(RUN_PREFIX)
+        completions = isinstance(source, protocol.CompletionsDataSource)
+        run = EvalsRunRow(
+            id=run_id,
+            eval_id=eval_id,
+            tenant=tenant,
+            name=body.name or run_id,
+            meta=store.dumps(body.metadata),
+            data_source=store.dumps(source.model_dump(mode="json", exclude_none=True)),
+            model=source.model if isinstance(source, protocol.CompletionsDataSource) else None,
+            status="queued",
+            items=len(rows),
+            per_criteria=store.dumps(
+                {c["name"]: [0, 0] for c in store.loads(eval_row.testing_criteria)}
+            ),
+            usage=store.dumps({}),
+        )
+        items = [
+            EvalsOutputItemRow(
+                run_id=run_id,
+                position=position,
+                id=_new_id(ITEM_PREFIX),
+                item=store.dumps(row.item),
+                sample=None if completions or row.sample is None else store.dumps(row.sample),
+                status="pending",
+            )
+            for position, row in enumerate(rows)
+        ]
+        await asyncio.to_thread(store.add, self.engine, run, *items)
+        # The caller's key is kept (in memory) only while a model is to be called with it.
+        needs_key = completions or checks.judged(store.loads(eval_row.testing_criteria))
+        self.executor.submit(run_id, key if needs_key else None)
+        return run_object(run)
+
+    async def _run_row(self, tenant: str, eval_id: str, run_id: str) -> EvalsRunRow:
+        row = await asyncio.to_thread(store.get_run, self.engine, tenant, eval_id, run_id)
+        if row is None:
+            raise not_found("run", run_id, "run_id")
+        return row
+
+    async def get_run(self, tenant: str, eval_id: str, run_id: str) -> protocol.Run:
+        return run_object(await self._run_row(tenant, eval_id, run_id))
+
+    async def list_runs(
+        self, tenant: str, eval_id: str, *, after: str | None, limit: int,
+        order: store.Order, status: str | None,
+    ) -> protocol.RunList:  # fmt: skip
+        await self._eval_row(tenant, eval_id)
+        page = await asyncio.to_thread(
+            store.list_runs, self.engine, eval_id,
+            after=after, limit=limit, order=order, status=status,
+        )  # fmt: skip
+        if page is None:
+            raise not_found("run", str(after), "after")
+        data = [run_object(row) for row in page.rows]
+        return protocol.RunList(
+            data=data,
+            first_id=data[0].id if data else None,
+            last_id=data[-1].id if data else None,
+            has_more=page.has_more,
+        )
+
+    async def cancel_run(self, tenant: str, eval_id: str, run_id: str) -> protocol.Run:
+        row = await self._run_row(tenant, eval_id, run_id)
+        if row.status in store.LIVE:
+            canceled = await asyncio.to_thread(store.set_status, self.engine, run_id, "canceled")
+            await self.executor.cancel(run_id)
+            row = canceled or await self._run_row(tenant, eval_id, run_id)
+        if row.status != "canceled":
+            raise EvalsError(
+                409, f"run_id: run {run_id} is {row.status}; only a queued or in-progress run "
+                "can be canceled", param="run_id", code="conflict",
+            )  # fmt: skip
+        return run_object(row)
+
+    async def delete_run(self, tenant: str, eval_id: str, run_id: str) -> protocol.RunDeleted:
+        row = await self._run_row(tenant, eval_id, run_id)
+        if row.status in store.LIVE:
+            await asyncio.to_thread(store.set_status, self.engine, run_id, "canceled")
+            await self.executor.cancel(run_id)
+        await asyncio.to_thread(store.delete_run, self.engine, tenant, eval_id, run_id)
+        return protocol.RunDeleted(deleted=True, run_id=run_id)
+
+    # --- output items -------------------------------------------------------------------------
+
+    async def list_items(
+        self, tenant: str, eval_id: str, run_id: str, *, after: str | None, limit: int,
+        order: store.Order, status: str | None,
+    ) -> protocol.OutputItemList:  # fmt: skip
+        await self._run_row(tenant, eval_id, run_id)
+        page = await asyncio.to_thread(
+            store.list_items, self.engine, run_id,
+            after=after, limit=limit, order=order, status=status,
+        )  # fmt: skip
+        if page is None:
+            raise not_found("output item", str(after), "after")
+        data = [item_object(row, eval_id) for row in page.rows]
+        return protocol.OutputItemList(
+            data=data,
+            first_id=data[0].id if data else None,
+            last_id=data[-1].id if data else None,
+            has_more=page.has_more,
+        )
+
+    async def get_item(
+        self, tenant: str, eval_id: str, run_id: str, item_id: str
+    ) -> protocol.OutputItem:
+        await self._run_row(tenant, eval_id, run_id)
+        row = await asyncio.to_thread(store.get_item, self.engine, run_id, item_id)
+        if row is None:
+            raise not_found("output item", item_id, "output_item_id")
+        return item_object(row, eval_id)
+
+
+def run_object(row: EvalsRunRow) -> protocol.Run:
+    per_criteria: dict[str, list[int]] = store.loads(row.per_criteria) or {}
+    usage: dict[str, dict[str, int]] = store.loads(row.usage) or {}
+    return protocol.Run(
+        id=row.id,
+        eval_id=row.eval_id,
+        created_at=_seconds(row),
+        name=row.name,
+        metadata=store.loads(row.meta),
+        model=row.model,
+        status=cast(protocol.RunStatus, row.status),
+        data_source=store.loads(row.data_source),
+        error=protocol.ApiError(code=row.error_code, message=row.error_message or "")
+        if row.error_code
+        else None,
+        result_counts=protocol.ResultCounts(
+            total=row.passed + row.failed + row.errored,
+            passed=row.passed,
+            failed=row.failed,
+            errored=row.errored,
+        ),
+        per_testing_criteria_results=[
+            protocol.CriterionResult(testing_criteria=name, passed=counts[0], failed=counts[1])
+            for name, counts in per_criteria.items()
+        ],
+        per_model_usage=[
+            protocol.ModelUsage(model_name=model, **numbers) for model, numbers in usage.items()
+        ],
+        report_url=None,
+    )
+
+
+def item_object(row: EvalsOutputItemRow, eval_id: str) -> protocol.OutputItem:
+    graded = row.graded_at
+    return protocol.OutputItem(
+        id=row.id,
+        created_at=int(graded.timestamp()) if graded else 0,
+        run_id=row.run_id,
+        eval_id=eval_id,
+        status=cast(ItemStatus, row.status),  # graded: pass, fail or error
+        datasource_item_id=row.position,
+        datasource_item=store.loads(row.item),
+        results=[protocol.GraderResult(**result) for result in store.loads(row.results) or []],
+        sample=store.loads(row.sample),
+    )

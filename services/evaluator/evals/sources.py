@@ -1,0 +1,166 @@
+"""A run's items: inline (`file_content`), an uploaded file (`file-...`) or a built dataset's eval
+split (`ds_...`), the last two read from ingest's HTTP API with the caller's own key (as the
+scheduler reads them), so ingest decides whose they are. Every item is checked against the
+eval's item schema before the run is accepted; the first items that do not match are named.
+
+A file's line is `{"item": {...}, "sample": {...}}` (`sample` optional) or the item itself. A
+dataset sample becomes `{"messages": <its turns before the last>, "reference": <the last
+assistant turn's text>}`, with `tools` and `reference_tool_calls` when it has them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import jsonschema_rs
+
+from services.evaluator.evals.errors import EvalsError
+
+DATASET_PREFIX = "ds_"
+FILE_PREFIX = "file-"
+SOURCE_ID = "data_source.source.id"
+_ERRORS_NAMED = 3
+
+
+@dataclass(frozen=True)
+class Row:
+    item: dict[str, Any]
+    sample: dict[str, Any] | None = None
+
+
+def compile_schema(schema: dict[str, Any], param: str) -> jsonschema_rs.Validator:
+    """The item schema's validator; refused (naming `param`) when it is not a JSON schema.
+    Nothing is fetched: a `$ref` outside the schema is an error, not a request."""
+    try:
+        return jsonschema_rs.validator_for(schema, offline=True)
+    except (ValueError, jsonschema_rs.ReferencingError) as exc:
+        message = getattr(exc, "message", str(exc)).splitlines()[0]
+        raise EvalsError(422, f"{param}: not a JSON schema: {message}", param=param) from None
+
+
+def check_items(
+    rows: list[Row], validator: jsonschema_rs.Validator, *, param: str, label: str
+) -> None:
+    """Every row's item against the schema; the first few that do not match are named, as
+    `<label>[<index>]/<path in the item>`."""
+    problems = []
+    for index, row in enumerate(rows):
+        error = next(iter(validator.iter_errors(row.item)), None)
+        if error is not None:
+            where = "".join(f"/{part}" for part in error.instance_path)
+            problems.append(f"{label}[{index}]{where}: {error.message}")
+            if len(problems) == _ERRORS_NAMED:
+                break
+    if problems:
+        raise EvalsError(
+            422, "items do not match the eval's item_schema: " + "; ".join(problems), param=param
+        )
+
+
+def _line_row(value: Any, where: str) -> Row:
+    if not isinstance(value, dict):
+        raise EvalsError(422, f"{where}: not a JSON object", param=SOURCE_ID)
+    if isinstance(value.get("item"), dict) and set(value) <= {"item", "sample"}:
+        sample = value.get("sample")
+        if sample is not None and not isinstance(sample, dict):
+            raise EvalsError(422, f"{where}: sample is not a JSON object", param=SOURCE_ID)
+        return Row(value["item"], sample)
+    return Row(value)
+
+
+def _dataset_row(value: Any, where: str) -> Row | None:
+    """A sample ending with an assistant turn as an item; others are left out (nothing to
+    compare an answer with)."""
+    messages = value.get("messages") if isinstance(value, dict) else None
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        raise EvalsError(422, f"{where}: not a chat sample", param=SOURCE_ID)
+    last = messages[-1]
+    if last.get("role") != "assistant" or len(messages) < 2:
+        return None
+    content = last.get("content")
+    if isinstance(content, list):
+        content = "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    item: dict[str, Any] = {"messages": messages[:-1], "reference": content or ""}
+    if value.get("tools"):
+        item["tools"] = value["tools"]
+    if last.get("tool_calls"):
+        item["reference_tool_calls"] = last["tool_calls"]
+    return Row(item)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _jsonl(body: bytes, what: str) -> list[tuple[str, Any]]:
+    lines = []
+    for number, line in enumerate(body.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            lines.append((f"{what} line {number}", json.loads(line, parse_constant=_no_constant)))
+        except ValueError as exc:
+            raise EvalsError(
+                422, f"{what} line {number}: not JSON ({exc})", param=SOURCE_ID
+            ) from None
+    return lines
+
+
+class IngestReader:
+    """Uploaded files and datasets, asked of ingest with the caller's credentials."""
+
+    def __init__(self, client: httpx.AsyncClient, base_url: str, *, max_bytes: int) -> None:
+        self.client, self.base_url, self.max_bytes = client, base_url.rstrip("/"), max_bytes
+
+    async def rows(self, ident: str, headers: dict[str, str]) -> list[Row]:
+        if ident.startswith(DATASET_PREFIX):
+            return await self._dataset(ident, headers)
+        if ident.startswith(FILE_PREFIX):
+            body = await self._get(f"/v1/files/{ident}/content", headers, ident)
+            return [_line_row(value, where) for where, value in _jsonl(body, ident)]
+        raise EvalsError(
+            422,
+            f"{SOURCE_ID}: {ident!r} is neither an uploaded file (file-...) nor a dataset (ds_...)",
+            param=SOURCE_ID,
+        )
+
+    async def _dataset(self, ident: str, headers: dict[str, str]) -> list[Row]:
+        body = await self._get(f"/v1/datasets/{ident}/export?split=eval", headers, ident)
+        rows = [_dataset_row(value, where) for where, value in _jsonl(body, f"{ident} eval split")]
+        return [row for row in rows if row is not None]
+
+    async def _get(self, path: str, headers: dict[str, str], ident: str) -> bytes:
+        try:
+            async with self.client.stream("GET", self.base_url + path, headers=headers) as answer:
+                if answer.status_code != 200:
+                    await answer.aread()
+                    raise _refused(answer, ident)
+                chunks, size = [], 0
+                async for chunk in answer.aiter_bytes():
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        raise EvalsError(
+                            413,
+                            f"{SOURCE_ID}: {ident} is over {self.max_bytes} bytes, the most a "
+                            "run reads (TUNELOOP_EVALUATOR_EVALS_MAX_FILE_BYTES)",
+                            param=SOURCE_ID,
+                        )
+                    chunks.append(chunk)
+        except httpx.HTTPError as exc:
+            raise EvalsError(
+                503, f"{SOURCE_ID}: ingest is not reachable ({type(exc).__name__})",
+                param=SOURCE_ID, code="unavailable",
+            ) from None  # fmt: skip
+        return b"".join(chunks)
+
+
+def _refused(answer: httpx.Response, ident: str) -> EvalsError:
+    try:
+        detail = answer.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = answer.text[:300]
+    status = answer.status_code if answer.status_code in (403, 404, 409, 422) else 422
+    return EvalsError(status, f"{SOURCE_ID}: {ident}: {detail}", param=SOURCE_ID)
