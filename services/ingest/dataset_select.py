@@ -23,7 +23,7 @@ from sqlmodel import Session, col, select
 from services.ingest.dataset_spec import SampleFilter
 from services.ingest.feedback import store as feedback
 from services.ingest.models import SampleRow, SampleTag, UploadedFile
-from services.ingest.purpose import TAG_PREFIX as PURPOSE_PREFIX
+from services.ingest.purpose import PLATFORM_PREFIXES
 from shared.chat import Sample
 from shared.db import UTCDateTime
 
@@ -86,10 +86,16 @@ def _filter_conditions(tenant: str, selection: SampleFilter | None) -> list[Any]
             col(SampleTag.sample_id) == col(SampleRow.id), col(SampleTag.tag) == tag
         )
         conditions.append(tagged)
-    # The platform's own calls only when asked for (SampleFilter.include_purposes).
+    # The platform's own calls (purposed, eval runs') only when asked for (include_purposes,
+    # or the tag named).
     purposed = sa.exists().where(
         col(SampleTag.sample_id) == col(SampleRow.id),
-        col(SampleTag.tag).startswith(PURPOSE_PREFIX, autoescape=True),
+        sa.or_(
+            *(
+                col(SampleTag.tag).startswith(prefix, autoescape=True)
+                for prefix in PLATFORM_PREFIXES
+            )
+        ),
         col(SampleTag.tag).not_in(sorted(selection.purpose_tags_kept())),
     )
     conditions.append(~purposed)

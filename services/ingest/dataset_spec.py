@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from services.ingest.feedback.store import LABEL_MAX_LENGTH, LABEL_PATTERN, LABEL_RULE
-from services.ingest.purpose import SLUG_RULE, is_purpose
+from services.ingest.purpose import PLATFORM_PREFIXES, SLUG_RULE, is_purpose
 from services.ingest.purpose import TAG_PREFIX as PURPOSE_PREFIX
 from shared.catalogue import CATALOGUE, is_model_id
 from shared.chat import Provider, Sample, Source
@@ -85,8 +85,9 @@ class SampleFilter(_Spec):
         return value
 
     def purpose_tags_kept(self) -> frozenset[str]:
-        """The `purpose:` tags a sample may carry and still be selected."""
-        named = {tag for tag in self.tags if tag.startswith(PURPOSE_PREFIX)}
+        """The platform's tags (`purpose:`, `eval_run:`) a sample may carry and still be
+        selected: the purposes included, and any such tag the filter names."""
+        named = {tag for tag in self.tags if tag.startswith(PLATFORM_PREFIXES)}
         return frozenset({PURPOSE_PREFIX + p for p in self.include_purposes} | named)
 
     @model_validator(mode="after")
@@ -114,7 +115,7 @@ class SampleFilter(_Spec):
             all(
                 tag in self.purpose_tags_kept()
                 for tag in sample.tags
-                if tag.startswith(PURPOSE_PREFIX)
+                if tag.startswith(PLATFORM_PREFIXES)
             ),
             all(_same_scalar(sample.metadata.get(k), v) for k, v in self.metadata.items()),
             self.status is None or (response.status if response else "ok") == self.status,

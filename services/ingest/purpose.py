@@ -14,6 +14,12 @@ from shared.auth import Principal
 
 PURPOSE_HEADER = b"x-tuneloop-purpose"
 TAG_PREFIX = "purpose:"
+# An eval run's calls (the evaluator's Evals API) are made with the caller's own key, so they
+# cannot name a purpose; they carry `eval_run:<run id>` instead, and dataset builds leave them
+# out as they leave out purposed calls: a model must never train on its own eval answers.
+EVAL_RUN_PREFIX = "eval_run:"
+# Tags that mark the platform's own traffic: left out of dataset builds unless asked for.
+PLATFORM_PREFIXES = (TAG_PREFIX, EVAL_RUN_PREFIX)
 # A short slug: `judge`, `shadow`, `eval`, `eval-gate`.
 _SLUG = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 SLUG_RULE = "1-32 lowercase letters, digits, - or _, starting with a letter"

@@ -213,7 +213,7 @@ def test_list_pages_newest_first_per_tenant(db_engine: Engine) -> None:
         dataset_rows.list_page(session, tenant="globex", limit=2, after=ids[0])
 
 
-def test_purposed_samples_are_selected_only_when_their_purpose_is_included(
+def test_purposed_and_eval_run_samples_are_selected_only_when_asked_for(
     db_engine: Engine,
 ) -> None:
     samples = [
@@ -221,6 +221,9 @@ def test_purposed_samples_are_selected_only_when_their_purpose_is_included(
         _sample(1, tags=("prod", "purpose:judge")),
         _sample(2, tags=("prod", "purpose:shadow")),
         _sample(3, tags=("purpose:judge",)),
+        # An eval run's calls (made with the caller's key, so not purposed): never trained on
+        # unless named.
+        _sample(4, tags=("prod", "eval_run:evalrun_1")),
     ]
     _store(db_engine, samples)
     wanted = [
@@ -228,6 +231,7 @@ def test_purposed_samples_are_selected_only_when_their_purpose_is_included(
         (SampleFilter(include_purposes=["judge"]), [0, 1, 3]),
         (SampleFilter(include_purposes=["judge", "shadow"], tags=["prod"]), [0, 1, 2]),
         (SampleFilter(tags=["purpose:shadow"]), [2]),  # naming it as a tag asks for it too
+        (SampleFilter(tags=["eval_run:evalrun_1"]), [4]),
     ]
     for selection, indexes in wanted:
         want = sorted(samples[i].id for i in indexes)
