@@ -150,7 +150,7 @@ class Hoster:
         if event.auto_deploy and event.gate != "rejected":
             # Under the job's suffix, if it has one: a name already served gets the new version
             # as a canary (promoted or rolled back on its numbers), never as a replacement.
-            name = version.name.split(":")[2] if version.name.count(":") >= 3 else ""
+            name = job_suffix(version.name)
             canary = bool(name) and await asyncio.to_thread(
                 self.served.has_primary, event.tenant, name
             )
@@ -300,3 +300,10 @@ class Hoster:
         )
         await self._publish_all(await asyncio.to_thread(self.served.stopped, deployment.id))
         return deployment
+
+
+def job_suffix(fine_tuned: str) -> str:
+    """The suffix of `ft:<base>:<suffix>:<job>` ("" when none), counted from the end: a
+    tenant's own base is an s3:// URI, colons and all."""
+    parts = fine_tuned.rsplit(":", 2)
+    return parts[1] if len(parts) == 3 else ""

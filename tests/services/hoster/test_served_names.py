@@ -14,6 +14,7 @@ from sqlalchemy.engine.url import URL
 from services.hoster.errors import Conflict, NotFound
 from services.hoster.models import Deployment
 from services.hoster.served_names import ServedNames
+from services.hoster.state import job_suffix
 from shared.db import make_engine, session_scope
 from shared.events import CanaryFailed, CanaryPolicy, DeploymentRolledBack, ServedNameChanged
 
@@ -152,3 +153,9 @@ def test_a_shadow_is_mirrored_a_share_and_promoted_or_rolled_back_like_a_canary(
     promoted = state(names.promote("acme", "mirror"))
     assert promoted.primary is not None
     assert (promoted.primary.deployment_id, promoted.shadow) == ("dep-s2", None)
+
+
+def test_an_auto_deployed_versions_served_name_is_its_jobs_suffix() -> None:
+    assert job_suffix("ft:SmolLM2-135M-Instruct:tickets:ftjob-1") == "tickets"
+    assert job_suffix("ft:SmolLM2-135M-Instruct::ftjob-1") == ""
+    assert job_suffix("ft:s3://bucket/tenants/acme/models/m:support:ftjob-2") == "support"
