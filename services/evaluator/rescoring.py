@@ -10,9 +10,11 @@ re-scores only what is left.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
 
 from sqlalchemy.engine import Engine as DbEngine
 
@@ -58,6 +60,12 @@ def rest_of_split(
         except SubsetError:
             continue
     return rest
+
+
+def verdict_scores(results: Iterable[tuple[float, dict[str, Any]]]) -> list[float]:
+    """The item scores a mean counts: an item the judge could not score (`judge_error`: no
+    verdict) is left out, as the judge's own mean leaves it out, rather than counted as 0."""
+    return [score for score, detail in results if "judge_error" not in detail]
 
 
 def combined(subset_scores: Sequence[float], rest_scores: Sequence[float]) -> float:
@@ -115,11 +123,12 @@ async def _rescore_one(
     started = time.monotonic()
     rest_scores, uri = await score_rest(step, rest)
     subset = await asyncio.to_thread(records.results, db, job_id, step)
+    subset_scores = verdict_scores((r.score, json.loads(r.detail)) for _, r in subset)
     row = EvalRescoreRow(
         job_id=job_id,
         step=step,
-        score=combined([r.score for _, r in subset], rest_scores),
-        items=len(subset) + len(rest_scores),
+        score=combined(subset_scores, rest_scores),
+        items=len(subset_scores) + len(rest_scores),
         outputs_uri=uri,
         duration_s=time.monotonic() - started,
     )

@@ -402,7 +402,7 @@ class Evaluator:
             engine = await self._engine(job)
             model = await self.hoster.load_checkpoint(engine.engine_id, uri=uris[step], step=step)
             results, _, uri = await self._run(job, engine.base_url, model, step, items, "-rest")
-            return [r.score for r in results], uri
+            return rescoring.verdict_scores((r.score, r.detail) for r in results), uri
 
         return await rescoring.rescore(
             self.db, self.store, job, scores,

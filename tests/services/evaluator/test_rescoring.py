@@ -29,6 +29,14 @@ def test_the_combined_score_is_the_mean_over_every_item() -> None:
     assert rescoring.combined([], []) == 0.0
 
 
+def test_an_item_the_judge_could_not_score_is_left_out_not_counted_as_zero() -> None:
+    judged = [(0.9, {"judge": {"score": 9}}), (0.0, {"judge_error": "unreadable twice"}),
+              (0.7, {"judge": {"score": 7}}), (1.0, {"exact": True})]  # fmt: skip
+    scores = rescoring.verdict_scores(judged)
+    assert scores == [0.9, 0.7, 1.0]
+    assert rescoring.combined(scores[:2], scores[2:]) == (0.9 + 0.7 + 1.0) / 3
+
+
 def _snapshot(store: ObjectStore, tmp_path: Path, count: int) -> str:
     lines = [ticket(n).to_json_bytes() for n in range(count)]
     lines.append(ticket(99, answered=False).to_json_bytes())  # never an item
