@@ -7,8 +7,7 @@ wakes it the same way."""
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,15 +17,15 @@ import httpx
 import openai
 import pytest
 from faststream.nats import NatsBroker
-from sqlmodel import Session
 
 from services.hoster.engines import stop_leftovers
-from shared import auth, bus, db, localstack
-from shared.events import DEPLOYMENTS, MODELS, DeploymentCold, EvalDecided, Event, ModelRegistered
+from shared import bus, localstack
+from shared.events import DEPLOYMENTS, MODELS, DeploymentCold, ModelRegistered
 from shared.settings import Settings
 from shared.storage import ObjectStore
-from tests.plugins.infra import RunningProcess, make_settings, settings_env
-from tests.services.hoster.checkpoints import BASE_ID, install_base, store_checkpoint
+from tests.plugins.infra import RunningProcess, settings_env
+from tests.services.hoster.checkpoints import BASE_ID, store_checkpoint
+from tests.services.hoster.process import decision, next_event, prepare
 
 pytestmark = pytest.mark.slow
 HI: Any = [{"role": "user", "content": "Hi"}]
@@ -55,15 +54,8 @@ def stack(
     tiny_model_dir: Path,
 ) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("cold")
-    settings = make_settings(tmp, infra=stack_settings)
-    db.migrate(settings.database_url)
-    tenant = f"t{uuid.uuid4().hex[:10]}"
-    with Session(db.make_engine(settings.database_url)) as session:
-        auth.create_tenant(session, tenant_id=tenant, name=tenant)
-        _, key = auth.issue_api_key(session, tenant_id=tenant, name="tests")
-    install_base(settings.app.data_dir, tiny_model_dir)
-    store = ObjectStore.from_settings(settings.s3)
-    store.ensure_bucket()
+    prepared = prepare(tmp, stack_settings, tiny_model_dir)
+    settings = prepared.settings
     env = settings_env(settings) | {
         "TUNELOOP_HOSTER_ENGINE_LOAD_TIMEOUT_S": "240",
         "TUNELOOP_HOSTER_WATCH_INTERVAL_S": "0.5",
@@ -78,7 +70,7 @@ def stack(
             process.start(timeout_s=90)
             processes.append(process)
         url = f"http://127.0.0.1:{settings.services.ingest_port}"
-        yield Stack(url, key, tenant, settings, store, tmp)
+        yield Stack(url, prepared.key, prepared.tenant, settings, prepared.store, tmp)
     finally:
         for process in reversed(processes):
             process.stop()
@@ -94,34 +86,17 @@ async def broker(stack: Stack) -> AsyncIterator[NatsBroker]:
     await broker.stop()
 
 
-async def first_event(broker: NatsBroker, cls: type[Event], tenant: str, stream: str,
-                      timeout_s: float, deployment_id: str) -> dict[str, Any]:  # fmt: skip
-    js = broker.connection.jetstream()
-    sub = await js.pull_subscribe(cls.subject_for(tenant), stream=stream)
-    try:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                try:
-                    for message in await sub.fetch(1, timeout=2):
-                        event = cls.model_validate_json(message.data).model_dump()
-                        if event.get("deployment_id", deployment_id) == deployment_id:
-                            return event
-                except TimeoutError:
-                    continue
-    finally:
-        await sub.unsubscribe()
+def of(deployment_id: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda event: event["deployment_id"] != deployment_id
 
 
 async def registered(stack: Stack, broker: NatsBroker, job: str) -> str:
     uri = store_checkpoint(stack.store, stack.work, tenant=stack.tenant, job_id=job, step=10)
     name = f"ft:{BASE_ID}:cold:{job}"
-    decided = EvalDecided(
-        tenant=stack.tenant, job_id=job, base_model=BASE_ID, fine_tuned_model=name,
-        dataset_id="ds", dataset_version="v1", best_step=10, best_checkpoint_uri=uri,
-        best_score=0.9, base_score=0.1, scores={10: 0.9}, gate="passed", gate_reason="passed",
-    )  # fmt: skip
+    decided = decision(stack.tenant, job, uri, fine_tuned_model=name, auto_deploy=False)
     await bus.publish(broker, decided)
-    await first_event(broker, ModelRegistered, stack.tenant, MODELS.name, 60, "")
+    await next_event(broker, ModelRegistered, stack.tenant, MODELS.name, 60,
+                     skip=lambda e: e["model_id"] != name)  # fmt: skip
     return name
 
 
@@ -146,7 +121,9 @@ async def test_a_call_to_a_cold_deployment_waits_for_it_to_wake_and_is_answered(
 
     assert localstack.wait_until(lambda: bool(ask("sleepy")), 30, interval_s=0.2)  # routed
     warm = ask(name)
-    await first_event(broker, DeploymentCold, stack.tenant, DEPLOYMENTS.name, 60, deployment_id)
+    await next_event(
+        broker, DeploymentCold, stack.tenant, DEPLOYMENTS.name, 60, skip=of(deployment_id)
+    )
     assert status(stack, deployment_id) == "cold"
     await asyncio.sleep(0.5)  # the gateway has heard it too
 

@@ -6,60 +6,42 @@ version cannot be deployed (409 with its numbers), and DELETE stops the engine."
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 from faststream.nats import NatsBroker
 from sqlmodel import Session
 
-from services.hoster.engines import stop_leftovers
 from services.hoster.models import Deployment
-from shared import auth, bus, db, localstack
+from shared import bus, db
 from shared.events import (
     DEPLOYMENTS,
     MODELS,
     DeploymentReady,
     DeploymentRolledBack,
     DeploymentStopped,
-    EvalDecided,
-    Event,
     ModelRegistered,
     ServedNameChanged,
 )
 from shared.settings import Settings
-from shared.storage import COMMIT_MARKER, ObjectStore
-from tests.plugins.infra import RunningProcess, make_settings, settings_env
-from tests.services.hoster.checkpoints import BASE_ID, install_base, store_checkpoint
+from shared.storage import COMMIT_MARKER
+from tests.plugins.infra import RunningProcess
+from tests.services.hoster.checkpoints import BASE_ID, store_checkpoint
+from tests.services.hoster.process import (
+    SERVICE_TOKEN,
+    Hoster,
+    decision,
+    hoster_process,
+    next_event,
+)
 
 pytestmark = pytest.mark.slow
-SERVICE_TOKEN = {"Authorization": "Bearer tuneloop-dev-service"}
-
-
-@dataclass
-class Hoster:
-    url: str
-    key: str
-    tenant: str
-    settings: Settings
-    store: ObjectStore
-    work: Path
-    process: RunningProcess
-
-    def get(self, path: str) -> httpx.Response:
-        return httpx.get(f"{self.url}{path}", headers={"Authorization": f"Bearer {self.key}"})
-
-    def send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {self.key}"} | kwargs.pop("headers", {})
-        return httpx.request(method, f"{self.url}{path}", headers=headers, timeout=30, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -70,39 +52,13 @@ def hoster(
     tmp_path_factory: pytest.TempPathFactory,
     tiny_model_dir: Path,
 ) -> Iterator[Hoster]:
+    env = {
+        "TUNELOOP_HOSTER_ENGINE_LOAD_TIMEOUT_S": "240",
+        "TUNELOOP_HOSTER_WATCH_INTERVAL_S": "0.5",
+    }
     tmp = tmp_path_factory.mktemp("hoster")
-    settings = make_settings(tmp, infra=stack_settings)
-    db.migrate(settings.database_url)
-    tenant = f"t{uuid.uuid4().hex[:10]}"
-    with Session(db.make_engine(settings.database_url)) as session:
-        auth.create_tenant(session, tenant_id=tenant, name=tenant)
-        _, key = auth.issue_api_key(session, tenant_id=tenant, name="tests")
-    install_base(settings.app.data_dir, tiny_model_dir)
-    store = ObjectStore.from_settings(settings.s3)
-    store.ensure_bucket()
-    process = RunningProcess(
-        localstack.component(settings, "hoster"),
-        tmp / "logs" / "hoster.log",
-        env=settings_env(settings)
-        | {
-            "TUNELOOP_HOSTER_ENGINE_LOAD_TIMEOUT_S": "240",
-            "TUNELOOP_HOSTER_WATCH_INTERVAL_S": "0.5",
-        },
-    )
-    process.start()
-    try:
-        url = f"http://127.0.0.1:{settings.services.hoster_port}"
-        yield Hoster(url, key, tenant, settings, store, tmp, process)
-    finally:
-        process.stop()
-        stop_leftovers(tmp / "hoster" / "deployments")  # deployments outlive the hoster
-        # Ours, not FastStream's supervisor (which logs a pull fetch that timed out on a busy CPU).
-        errors = [
-            line
-            for line in process.log().splitlines()
-            if '"level":"ERROR"' in line and '"logger":"tuneloop.hoster.faststream"' not in line
-        ]
-        assert not errors, errors
+    with hoster_process(tmp, stack_settings, tiny_model_dir, env) as hoster:
+        yield hoster
 
 
 @pytest.fixture
@@ -114,55 +70,12 @@ async def broker(hoster: Hoster) -> AsyncIterator[NatsBroker]:
     await broker.stop()
 
 
-async def next_event(
-    broker: NatsBroker,
-    cls: type[Event],
-    tenant: str,
-    stream: str,
-    timeout_s: float,
-    skip: Callable[[dict[str, Any]], bool] = lambda event: False,
-) -> dict[str, Any]:
-    """The tenant's first `cls` event in the stream that `skip` does not pass over."""
-    js = broker.connection.jetstream()
-    sub = await js.pull_subscribe(cls.subject_for(tenant), stream=stream)
-    try:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                with contextlib.suppress(TimeoutError):
-                    for message in await sub.fetch(1, timeout=5):
-                        event = cls.model_validate_json(message.data).model_dump()
-                        if not skip(event):
-                            return event
-    finally:
-        await sub.unsubscribe()
-
-
-def decision(hoster: Hoster, job_id: str, uri: str, **overrides: Any) -> EvalDecided:
-    values: dict[str, Any] = {
-        "tenant": hoster.tenant,
-        "job_id": job_id,
-        "base_model": BASE_ID,
-        "fine_tuned_model": f"ft:{BASE_ID}:tickets:{job_id}",
-        "dataset_id": "ds-tickets",
-        "dataset_version": "abc123",
-        "best_step": 10,
-        "best_checkpoint_uri": uri,
-        "best_score": 0.92,
-        "base_score": 0.41,
-        "scores": {5: 0.8, 10: 0.92},
-        "gate": "passed",
-        "gate_reason": "0.92 >= 0.80 and beats the base by 0.51",
-        "auto_deploy": True,
-    }
-    return EvalDecided.model_validate(values | overrides)
-
-
 async def test_a_decision_is_registered_deployed_and_answers_the_ft_name(
     hoster: Hoster, broker: NatsBroker
 ) -> None:
     job = "ftjob-served"
     uri = store_checkpoint(hoster.store, hoster.work, tenant=hoster.tenant, job_id=job, step=10)
-    event = decision(hoster, job, uri)
+    event = decision(hoster.tenant, job, uri)
     await bus.publish(broker, event)
     await bus.publish(broker, event.model_copy(update={"event_id": uuid.uuid4().hex}))  # redelivery
     registered = await next_event(broker, ModelRegistered, hoster.tenant, MODELS.name, 60)
@@ -216,7 +129,9 @@ async def test_a_rejected_version_is_registered_but_not_deployable(
 ) -> None:
     job = "ftjob-rejected"
     uri = store_checkpoint(hoster.store, hoster.work, tenant=hoster.tenant, job_id=job, step=10)
-    event = decision(hoster, job, uri, gate="rejected", best_score=0.3, gate_reason="0.30 < 0.80")
+    event = decision(
+        hoster.tenant, job, uri, gate="rejected", best_score=0.3, gate_reason="0.30 < 0.80"
+    )
     await bus.publish(broker, event)
     name = event.fine_tuned_model
     for _ in range(200):
@@ -255,7 +170,7 @@ async def test_a_restarted_hoster_adopts_a_live_engine_and_restarts_a_dead_one(
     hoster_process = hoster.process
     job = "ftjob-restart"
     uri = store_checkpoint(hoster.store, hoster.work, tenant=hoster.tenant, job_id=job, step=10)
-    event = decision(hoster, job, uri, auto_deploy=False)
+    event = decision(hoster.tenant, job, uri, auto_deploy=False)
     event_name = event.fine_tuned_model
     await bus.publish(broker, event)
     await next_event(
@@ -383,7 +298,7 @@ async def test_a_second_version_of_a_served_name_starts_as_its_canary_and_is_pro
         uri = store_checkpoint(
             hoster.store, hoster.work, tenant=hoster.tenant, job_id=job, step=10, seed=n
         )
-        event = decision(hoster, job, uri, fine_tuned_model=f"ft:{BASE_ID}:support:{job}")
+        event = decision(hoster.tenant, job, uri, fine_tuned_model=f"ft:{BASE_ID}:support:{job}")
         await bus.publish(broker, event)
         state = await next_event(
             broker, ServedNameChanged, hoster.tenant, DEPLOYMENTS.name, 300, skip=changed(n)
@@ -430,7 +345,9 @@ async def test_an_engine_that_dies_is_started_again_and_announced_at_its_new_add
 ) -> None:
     job = "ftjob-crashy"
     uri = store_checkpoint(hoster.store, hoster.work, tenant=hoster.tenant, job_id=job, step=10)
-    event = decision(hoster, job, uri, auto_deploy=False, fine_tuned_model=f"ft:{BASE_ID}:x:{job}")
+    event = decision(
+        hoster.tenant, job, uri, auto_deploy=False, fine_tuned_model=f"ft:{BASE_ID}:x:{job}"
+    )
     await bus.publish(broker, event)
     for _ in range(200):
         if hoster.get(f"/v1/models/{event.fine_tuned_model}").status_code == 200:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,9 +21,8 @@ import pytest
 from faststream.nats import NatsBroker
 from sqlmodel import Session
 
-from services.hoster.engines import stop_leftovers
 from services.hoster.models import Deployment
-from shared import auth, bus, db, localstack
+from shared import bus, db
 from shared.events import (
     DEPLOYMENTS,
     MODELS,
@@ -35,13 +33,13 @@ from shared.events import (
 )
 from shared.processes import pid_alive
 from shared.settings import Settings
-from shared.storage import ObjectStore
-from tests.plugins.infra import RunningProcess, make_settings, settings_env
-from tests.services.hoster.checkpoints import BASE_ID, install_base, store_checkpoint
-from tests.services.hoster.test_hoster_service import (
+from tests.plugins.infra import RunningProcess
+from tests.services.hoster.checkpoints import BASE_ID, store_checkpoint
+from tests.services.hoster.process import (
     SERVICE_TOKEN,
     Hoster,
     decision,
+    hoster_process,
     next_event,
 )
 
@@ -58,35 +56,14 @@ def hoster(
     tmp_path_factory: pytest.TempPathFactory,
     tiny_model_dir: Path,
 ) -> Iterator[Hoster]:
-    tmp = tmp_path_factory.mktemp("hoster-shared")
-    settings = make_settings(tmp, infra=stack_settings)
-    db.migrate(settings.database_url)
-    tenant = f"t{uuid.uuid4().hex[:10]}"
-    with Session(db.make_engine(settings.database_url)) as session:
-        auth.create_tenant(session, tenant_id=tenant, name=tenant)
-        _, key = auth.issue_api_key(session, tenant_id=tenant, name="tests")
-    install_base(settings.app.data_dir, tiny_model_dir)
-    store = ObjectStore.from_settings(settings.s3)
-    store.ensure_bucket()
-    env = settings_env(settings) | {
+    env = {
         "TUNELOOP_HOSTER_ENGINE_LOAD_TIMEOUT_S": "240",
         "TUNELOOP_HOSTER_WATCH_INTERVAL_S": "0.5",
         "TUNELOOP_HOSTER_IDLE_UNLOAD_S": str(IDLE_UNLOAD_S),
     }
-    process = RunningProcess(localstack.component(settings, "hoster"), tmp / "hoster.log", env=env)
-    process.start()
-    try:
-        url = f"http://127.0.0.1:{settings.services.hoster_port}"
-        yield Hoster(url, key, tenant, settings, store, tmp, process)
-    finally:
-        process.stop()
-        stop_leftovers(tmp / "hoster" / "deployments")
-        errors = [
-            line
-            for line in process.log().splitlines()
-            if '"level":"ERROR"' in line and '"logger":"tuneloop.hoster.faststream"' not in line
-        ]
-        assert not errors, errors
+    tmp = tmp_path_factory.mktemp("hoster-shared")
+    with hoster_process(tmp, stack_settings, tiny_model_dir, env) as hoster:
+        yield hoster
 
 
 @pytest.fixture
@@ -102,7 +79,9 @@ async def register(hoster: Hoster, broker: NatsBroker, job: str, seed: int) -> s
     uri = store_checkpoint(
         hoster.store, hoster.work, tenant=hoster.tenant, job_id=job, step=10, seed=seed
     )
-    event = decision(hoster, job, uri, auto_deploy=False, fine_tuned_model=f"ft:{BASE_ID}:s:{job}")
+    event = decision(
+        hoster.tenant, job, uri, auto_deploy=False, fine_tuned_model=f"ft:{BASE_ID}:s:{job}"
+    )
     await bus.publish(broker, event)
     name = event.fine_tuned_model
     await next_event(broker, ModelRegistered, hoster.tenant, MODELS.name, 60,
