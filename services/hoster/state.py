@@ -53,6 +53,9 @@ class Hoster:
     served: ServedNames
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _launching: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    # One wake at a time per deployment: a second caller must read the row only after the
+    # first has registered its launch, or it sees `pending` with no launch to wait on.
+    _waking: dict[str, asyncio.Lock] = field(default_factory=dict)
 
     @classmethod
     def build(cls, settings: Settings, database: Database, publish: Publish) -> Hoster:
@@ -247,8 +250,9 @@ class Hoster:
         """A cold deployment loaded again and warmed up; returns once it is ready (at once if
         it is), waiting at most as long as an engine may take to start and load. Concurrent
         wakes share one launch. NotReady when it is still loading then."""
-        await self._wake(deployment_id)
-        task = self._launching.get(deployment_id)
+        async with self._waking.setdefault(deployment_id, asyncio.Lock()):
+            await self._wake(deployment_id)
+            task = self._launching.get(deployment_id)
         if task is not None:
             limit = self.settings.engine_start_timeout_s + self.settings.engine_load_timeout_s
             with contextlib.suppress(TimeoutError):
