@@ -10,6 +10,7 @@ caller's write key (docs/evaluator.md, "Evals API").
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -101,6 +102,9 @@ def _sample(
         "top_p": params.top_p,
         "seed": params.seed,
         "max_completion_tokens": params.max_completion_tokens,
+        # Not OpenAI's (its SDK keeps extra fields): the call's wall time, what "Versions side
+        # by side" compares; None when no call went out.
+        "latency_ms": None,
     }  # fmt: skip
 
 
@@ -125,6 +129,11 @@ def _message(exc: openai.APIStatusError) -> str:
     return exc.message
 
 
+def _since(started: float) -> float:
+    """Milliseconds since `started` (the SDK's retries of a 5xx included: what the caller waited)."""
+    return round((time.perf_counter() - started) * 1000, 3)
+
+
 def request_params(params: protocol.SamplingParams) -> dict[str, Any]:
     return params.model_dump(exclude_none=True)
 
@@ -146,6 +155,7 @@ async def answer(
         sample["error"] = {"code": "template_error", "message": str(exc)}
         return Answer(sample, None, called=False)
     sample = _sample(model, sent, params)
+    started = time.perf_counter()
     try:
         completion = await client.chat.completions.create(
             model=model,
@@ -162,7 +172,9 @@ async def answer(
         raise RunFailed("gateway_unreachable", f"the gateway is not reachable: {exc}") from None
     except openai.APIStatusError as exc:
         sample["error"] = {"code": str(exc.status_code), "message": _message(exc)}
+        sample["latency_ms"] = _since(started)
         return Answer(sample, None)
+    sample["latency_ms"] = _since(started)
     usage = _usage(completion)
     sample["usage"] = usage
     if completion.choices:
