@@ -9,98 +9,26 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 import openai
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
 
-from shared import db, localstack
+from shared import localstack
 from shared.settings import Settings
-from tests.fakes.serving import ServedInThread
-from tests.fakes.upstream import upstream_key_env, upstreams_yaml
-from tests.plugins.infra import RunningProcess, free_port, make_settings, settings_env
-
-ADMIN = {"Authorization": "Bearer tuneloop-dev-admin"}
-ANSWERS = {
-    "capital of France": "Paris",
-    "2 + 2": "4",
-    "largest planet": "Jupiter is the largest planet.",
-    "cat backwards": "Tac",
-}
-QUESTIONS = [
-    {"question": "What is the capital of France?", "answer": "Paris"},
-    {"question": "What is 2 + 2?", "answer": "5"},
-    {"question": "Name the largest planet.", "answer": "Jupiter"},
-    {"question": "Spell cat backwards.", "answer": "tac"},
-    {"question": "REFUSE to answer this.", "answer": "no"},
-]
-ITEM_SCHEMA = {
-    "type": "object",
-    "properties": {"question": {"type": "string"}, "answer": {"type": "string"}},
-    "required": ["question", "answer"],
-}
-CRITERIA: list[Any] = [
-    {"type": "string_check", "name": "exact", "input": "{{sample.output_text}}",
-     "reference": "{{item.answer}}", "operation": "eq"},
-    {"type": "string_check", "name": "mentions", "input": "{{sample.output_text}}",
-     "reference": "{{item.answer}}", "operation": "ilike"},
-    {"type": "text_similarity", "name": "close", "input": "{{sample.output_text}}",
-     "reference": "{{item.answer}}", "evaluation_metric": "fuzzy_match", "pass_threshold": 0.6},
-    {"type": "text_similarity", "name": "rouge", "input": "{{sample.output_text}}",
-     "reference": "{{item.answer}}", "evaluation_metric": "rouge_l", "pass_threshold": 0.5},
-]  # fmt: skip
-
-
-@dataclass
-class Upstream:
-    """OpenAI's chat completions, answering by the question; `REFUSE` gets OpenAI's 400."""
-
-    port: int = field(default_factory=free_port)
-    requests: list[dict[str, Any]] = field(default_factory=list)
-
-    async def chat(self, request: Request) -> JSONResponse:
-        body = await request.json()
-        self.requests.append(body)
-        question = body["messages"][-1]["content"]
-        if "REFUSE" in question:
-            error = {"message": "This prompt was refused.", "type": "invalid_request_error",
-                     "param": "messages", "code": None}  # fmt: skip
-            return JSONResponse({"error": error}, status_code=400)
-        text = next((a for q, a in ANSWERS.items() if q in question), "I do not know.")
-        return JSONResponse({
-            "id": "chatcmpl-eval", "object": "chat.completion", "created": 1741569952,
-            "model": body["model"], "system_fingerprint": "fp_eval",
-            "choices": [{"index": 0, "logprobs": None, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": text, "refusal": None}}],
-            "usage": {"prompt_tokens": 20, "completion_tokens": 3, "total_tokens": 23,
-                      "prompt_tokens_details": {"cached_tokens": 0}},
-        })  # fmt: skip
-
-
-@dataclass
-class Stack:
-    url: str
-    client: openai.OpenAI
-    other: openai.OpenAI
-    key: str
-    upstream: Upstream
-
-
-def _key(url: str, tenant: str) -> str:
-    httpx.post(f"{url}/v1/admin/tenants", json={"id": tenant, "name": tenant}, headers=ADMIN)
-    response = httpx.post(
-        f"{url}/v1/admin/tenants/{tenant}/api_keys", json={"name": "evals"}, headers=ADMIN
-    )
-    assert response.status_code == 201, response.text
-    return str(response.json()["key"])
+from tests.plugins.infra import RunningProcess
+from tests.services.evaluator.evals_stack import (
+    CRITERIA,
+    ITEM_SCHEMA,
+    QUESTIONS,
+    Stack,
+    completions_run,
+    create_eval,
+    running,
+    until_done,
+)
+from tests.services.evaluator.evals_stack import scores as _scores
 
 
 @pytest.fixture(scope="module")
@@ -110,74 +38,14 @@ def stack(
     stack_settings: Settings,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("evals")
-    settings = make_settings(tmp, infra=stack_settings)
-    db.migrate(settings.database_url)
-    upstream = Upstream()
-    served = ServedInThread(
-        Starlette(routes=[Route("/v1/chat/completions", upstream.chat, methods=["POST"])]),
-        upstream.port,
-        "fake OpenAI",
-    )
-    served.start()
-    (tmp / "upstreams.yaml").write_text(upstreams_yaml(f"http://127.0.0.1:{upstream.port}"))
-    env = settings_env(settings) | upstream_key_env()
-    env["TUNELOOP_INGEST_UPSTREAMS_FILE"] = str(tmp / "upstreams.yaml")
-    processes = []
-    try:
-        for name in ("ingest", "evaluator"):
-            process = RunningProcess(
-                localstack.component(settings, name), tmp / "logs" / f"{name}.log", env=env
-            )
-            process.start(timeout_s=90)
-            processes.append(process)
-        url = f"http://127.0.0.1:{settings.services.ingest_port}"
-        key, other = _key(url, "acme"), _key(url, "globex")
-        yield Stack(
-            url,
-            openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0),
-            openai.OpenAI(base_url=f"{url}/v1", api_key=other, max_retries=0),
-            key,
-            upstream,
-        )
-    finally:
-        for process in reversed(processes):
-            process.stop()
-        served.stop()
-
-
-def _until_done(client: openai.OpenAI, eval_id: str, run_id: str) -> Any:
-    deadline = time.monotonic() + 60
-    while True:
-        run = client.evals.runs.retrieve(run_id, eval_id=eval_id)
-        if run.status not in ("queued", "in_progress"):
-            return run
-        assert time.monotonic() < deadline, run
-        time.sleep(0.3)
-
-
-def _eval(client: openai.OpenAI) -> str:
-    created = client.evals.create(
-        name="capitals",
-        metadata={"team": "qa"},
-        data_source_config={
-            "type": "custom",
-            "item_schema": ITEM_SCHEMA,
-            "include_sample_schema": True,
-        },
-        testing_criteria=CRITERIA,
-    )
-    return created.id
-
-
-def _scores(item: Any) -> dict[str, tuple[float, bool]]:
-    return {r.name: (round(r.score, 4), r.passed) for r in item.results}
+    with running(tmp_path_factory.mktemp("evals"), stack_settings) as started:
+        yield started
 
 
 @pytest.mark.slow
 def test_an_eval_runs_a_model_through_the_gateway_and_grades_each_item(stack: Stack) -> None:
     client = stack.client
-    eval_id = _eval(client)
+    eval_id = create_eval(client)
     fetched = client.evals.retrieve(eval_id)
     assert fetched.name == "capitals"
     assert fetched.metadata == {"team": "qa"}
@@ -186,25 +54,9 @@ def test_an_eval_runs_a_model_through_the_gateway_and_grades_each_item(stack: St
     assert eval_id in [e.id for e in client.evals.list(limit=10).data]
     assert client.evals.update(eval_id, name="capitals v2").name == "capitals v2"
 
-    run = client.evals.runs.create(
-        eval_id,
-        name="gpt-4o-mini on capitals",
-        data_source={
-            "type": "completions",
-            "model": "gpt-4o-mini",
-            "source": {"type": "file_content", "content": [{"item": q} for q in QUESTIONS]},
-            "input_messages": {
-                "type": "template",
-                "template": [
-                    {"role": "system", "content": "Answer briefly."},
-                    {"role": "user", "content": "{{item.question}}"},
-                ],
-            },
-            "sampling_params": {"temperature": 0, "max_completion_tokens": 32},
-        },
-    )
+    run = completions_run(client, eval_id, "gpt-4o-mini", QUESTIONS)
     assert run.status == "queued"
-    done = _until_done(client, eval_id, run.id)
+    done = until_done(client, eval_id, run.id)
     assert done.status == "completed", done
     assert done.model == "gpt-4o-mini"
     assert done.result_counts.model_dump() == {"total": 5, "passed": 1, "failed": 3, "errored": 1}
@@ -254,7 +106,7 @@ def test_an_eval_runs_a_model_through_the_gateway_and_grades_each_item(stack: St
 @pytest.mark.slow
 def test_a_jsonl_run_reads_an_uploaded_file_and_bad_input_names_the_field(stack: Stack) -> None:
     client = stack.client
-    eval_id = _eval(client)
+    eval_id = create_eval(client)
     lines = [
         {"item": QUESTIONS[0], "sample": {"output_text": "Paris"}},
         {"item": QUESTIONS[2], "sample": {"output_text": "Jupiter"}},
@@ -265,7 +117,7 @@ def test_a_jsonl_run_reads_an_uploaded_file_and_bad_input_names_the_field(stack:
     run = client.evals.runs.create(
         eval_id, data_source={"type": "jsonl", "source": {"type": "file_id", "id": uploaded.id}}
     )
-    done = _until_done(client, eval_id, run.id)
+    done = until_done(client, eval_id, run.id)
     assert done.result_counts.model_dump() == {"total": 3, "passed": 2, "failed": 1, "errored": 0}
     passing = client.evals.runs.output_items.list(run.id, eval_id=eval_id, status="pass").data
     assert [i.datasource_item_id for i in passing] == [0, 1]
@@ -305,13 +157,13 @@ def test_a_jsonl_run_reads_an_uploaded_file_and_bad_input_names_the_field(stack:
 
 @pytest.mark.slow
 def test_another_tenant_sees_none_of_it(stack: Stack) -> None:
-    eval_id = _eval(stack.client)
+    eval_id = create_eval(stack.client)
     content = [{"item": QUESTIONS[0], "sample": {"output_text": "Paris"}}]
     run = stack.client.evals.runs.create(
         eval_id,
         data_source={"type": "jsonl", "source": {"type": "file_content", "content": content}},
     )
-    _until_done(stack.client, eval_id, run.id)
+    until_done(stack.client, eval_id, run.id)
     other = stack.other
     with pytest.raises(openai.NotFoundError, match="eval_id"):
         other.evals.retrieve(eval_id)
