@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from services.evaluator.evals import protocol
+from services.evaluator.evals import compare, protocol
 from services.evaluator.evals.errors import EvalsError
 from services.evaluator.evals.serving import Evals
 from shared import auth
@@ -142,6 +142,27 @@ async def get_output_item(
     eval_id: str, run_id: str, output_item_id: str, principal: Principal, evals: EvalsDep
 ) -> protocol.OutputItem:
     return await evals.get_item(principal.tenant_id, eval_id, run_id, output_item_id)
+
+
+AFTER_ITEM = "datasource_item_id of the last item of the page before"
+
+
+@router.get("/evals/{eval_id}/compare", response_model=compare.Comparison,
+            summary="Two completed runs over the same items side by side: score and latency "
+            "per item, the candidate's regressions first")  # fmt: skip
+async def compare_runs(
+    eval_id: str,
+    principal: Principal,
+    evals: EvalsDep,
+    base: Annotated[str, Query(min_length=1, description="the run compared against")],
+    candidate: Annotated[str, Query(min_length=1, description="the run whose changes are listed")],
+    after: Annotated[int | None, Query(ge=0, description=AFTER_ITEM)] = None,
+    limit: Limit = 20,
+) -> compare.Comparison:
+    return await compare.compare(
+        evals.engine, principal.tenant_id, eval_id,
+        base=base, candidate=candidate, after=after, limit=limit,
+    )  # fmt: skip
 
 
 # --- errors, in OpenAI's shape (the SDK's exception then carries the message) ----------------

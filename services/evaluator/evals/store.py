@@ -305,6 +305,15 @@ def list_items(
     return Page(rows[:limit], len(rows) > limit)
 
 
+def graded_items(engine: Engine, run_id: str) -> list[EvalsOutputItemRow]:
+    """Every graded item of the run, in item order (a comparison reads them all)."""
+    with session_scope(engine) as session:
+        query = select(EvalsOutputItemRow).where(
+            EvalsOutputItemRow.run_id == run_id, EvalsOutputItemRow.status != "pending"
+        )
+        return list(session.exec(query.order_by(col(EvalsOutputItemRow.position))).all())
+
+
 def _item_by_id(session: Session, item_id: str) -> EvalsOutputItemRow | None:
     return session.exec(select(EvalsOutputItemRow).where(EvalsOutputItemRow.id == item_id)).first()
 
