@@ -19,8 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from outlines_core import Guide
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
+
+from services.hoster.structured import Guided
 
 DONE = object()  # the end of a request's tokens
 
@@ -32,6 +35,8 @@ class Request:
     ids: list[int]
     max_new_tokens: int
     loop: asyncio.AbstractEventLoop
+    # The automaton its answer must follow (`response_format`, services/hoster/structured.py).
+    guide: Guide | None = None
     out: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     generated: int = 0
     done: bool = False  # set by the generating thread (or by a client that went away)
@@ -50,9 +55,12 @@ class Batcher:
         self._task: asyncio.Task[None] | None = None
         self._lock = threading.Lock()  # generate calls never overlap, whatever the loop
 
-    async def tokens(self, ids: list[int], max_new_tokens: int) -> AsyncIterator[list[int]]:
-        """The request's new tokens as they are decoded (the end-of-sequence token included)."""
-        request = Request(ids, max_new_tokens, asyncio.get_running_loop())
+    async def tokens(
+        self, ids: list[int], max_new_tokens: int, guide: Guide | None = None
+    ) -> AsyncIterator[list[int]]:
+        """The request's new tokens as they are decoded (the end-of-sequence token included),
+        constrained by `guide` when given."""
+        request = Request(ids, max_new_tokens, asyncio.get_running_loop(), guide)
         self._pending.append(request)
         self._wake.set()
         if self._task is None or self._task.done():
@@ -80,6 +88,7 @@ class Batcher:
         ids = torch.tensor([[self.pad_id] * (width - len(r.ids)) + r.ids for r in batch])
         mask = torch.tensor([[0] * (width - len(r.ids)) + [1] * len(r.ids) for r in batch])
         fanout = _Fanout(batch, self.eos_id)
+        guided = LogitsProcessorList([Guided(batch)]) if any(r.guide for r in batch) else None
         try:
             with self._lock, torch.inference_mode():
                 self.model.generate(
@@ -89,6 +98,7 @@ class Batcher:
                     do_sample=False,
                     pad_token_id=self.pad_id,
                     streamer=fanout,
+                    logits_processor=guided,
                     stopping_criteria=StoppingCriteriaList([_AllDone(batch)]),
                 )
         except Exception as exc:  # torch raises many kinds; every member hears of it

@@ -37,9 +37,11 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from outlines_core import Guide
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.hoster.batching import Batcher
+from services.hoster.structured import FormatRefused, Grammars, grammars_for, schema_of
 from shared.tool_calls import read_tool_calls
 
 log = logging.getLogger("tuneloop.hoster.lora_engine")
@@ -78,6 +80,7 @@ class ChatRequest(BaseModel):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
+    response_format: Any = None  # read by structured.schema_of, which names what is wrong
     seed: int | None = None
     user: str | None = None
     metadata: dict[str, Any] | None = None
@@ -226,6 +229,7 @@ class Served:
     requests: int = 0
     in_flight: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    grammars: Grammars | None = None  # its vocabulary's automata, once one is asked for
 
     def idle_s(self) -> float:
         return 0.0 if self.in_flight else time.monotonic() - self.last_used
@@ -383,6 +387,26 @@ def prompt_ids(served: Served, request: ChatRequest) -> list[int]:
     return ids
 
 
+async def response_guide(served: Served, request: ChatRequest) -> Guide | None:
+    """The automaton `response_format` asks for (None for free text), compiled off the loop."""
+    try:
+        schema = schema_of(request.response_format)
+    except FormatRefused as exc:
+        raise EngineError(400, str(exc), exc.param) from None
+    if schema is None:
+        return None
+
+    def build() -> Guide:
+        if served.grammars is None:
+            served.grammars = grammars_for(served.tokenizer)
+        return served.grammars.guide(schema)
+
+    try:
+        return await asyncio.to_thread(build)
+    except FormatRefused as exc:
+        raise EngineError(400, str(exc), exc.param) from None
+
+
 @dataclass
 class Completion:
     """One request's answer in the making: its prompt rendered once, its limit, its tokens."""
@@ -394,6 +418,7 @@ class Completion:
     tokens: list[int] = field(default_factory=list)
     # The request offered tools: `<tool_call>` blocks in the answer become `tool_calls`.
     tools: bool = False
+    guide: Guide | None = None  # `response_format`: the automaton the answer follows
 
     @classmethod
     def of(cls, served: Served, request: ChatRequest) -> Completion:
@@ -432,7 +457,10 @@ async def generate(served: Served, completion: Completion) -> AsyncIterator[list
     served.in_flight += 1
     try:
         async with served.host.gate.use(served.name):
-            async for tokens in served.host.batcher.tokens(completion.prompt, completion.limit):
+            batcher = served.host.batcher
+            async for tokens in batcher.tokens(
+                completion.prompt, completion.limit, completion.guide
+            ):
                 completion.tokens += tokens
                 yield tokens
     except RuntimeError as exc:  # the batch failed: every member answers 500 saying why
@@ -595,6 +623,7 @@ def build_app(engine: Engine) -> FastAPI:
         parsed = parse_request(body)
         served = engine.get(parsed.model)
         completion = Completion.of(served, parsed)
+        completion.guide = await response_guide(served, parsed)
         if parsed.stream:
             include_usage = bool((parsed.stream_options or {}).get("include_usage"))
             events = stream(served, completion, include_usage=include_usage)

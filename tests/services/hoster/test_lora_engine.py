@@ -166,7 +166,6 @@ async def test_unloading_an_adapter_leaves_the_others_and_the_base(
     [
         ({"temperature": 0.7}, "temperature"),
         ({"n": 2}, "n"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"stop": ["\n"]}, "stop"),
         ({"max_tokens": 0}, "max_tokens"),
     ],
