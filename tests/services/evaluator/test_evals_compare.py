@@ -27,15 +27,19 @@ from tests.services.evaluator.evals_stack import (
 
 BASE, CANDIDATE, HELD = "gpt-4o-mini", "gpt-4.1-mini", "gpt-4.1-nano"
 SKY = {"question": "What colour is the sky?", "answer": "blue"}
-ITEMS = [*QUESTIONS, SKY]
+GRASS = {"question": "What colour is grass?", "answer": "green"}
+ITEMS = [*QUESTIONS, SKY, GRASS]
 # The candidate: worse on France, better on 2 + 2 and on the case of "tac", the same on the
-# planet, and it refuses the sky (the base says "I do not know.": a failure, not an error).
+# planet, and it refuses the sky (the base says "I do not know.": a failure, not an error);
+# the base refuses grass, which the candidate gets right.
 CANDIDATE_ANSWERS: dict[str, str | None] = {
     "capital of France": "Lyon",
     "2 + 2": "5",
     "cat backwards": "tac",
     "colour is the sky": None,
+    "colour is grass": "green",
 }
+BASE_ANSWERS: dict[str, str | None] = {"colour is grass": None}  # the base refuses grass
 PLANET = (0 + 1 + 14 / 37 + 1 / 3) / 4  # base and candidate alike (see test_evals_sdk.py)
 
 
@@ -47,7 +51,7 @@ def stack(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Stack]:
     with running(tmp_path_factory.mktemp("evals-compare"), stack_settings) as started:
-        started.upstream.answers[CANDIDATE] = CANDIDATE_ANSWERS
+        started.upstream.answers |= {BASE: BASE_ANSWERS, CANDIDATE: CANDIDATE_ANSWERS}
         yield started
 
 
@@ -72,17 +76,19 @@ def test_two_models_side_by_side_regressions_first(stack: Stack) -> None:
 
     # Each output item of a completions run carries its call's wall time.
     listed = client.evals.runs.output_items.list(candidate.id, eval_id=eval_id, limit=10).data
-    assert [i.datasource_item_id for i in listed] == [0, 1, 2, 3, 4, 5]
+    assert [i.datasource_item_id for i in listed] == [0, 1, 2, 3, 4, 5, 6]
     assert all(i.sample.to_dict()["latency_ms"] > 0 for i in listed)
 
     found = compare(client, eval_id, base=base.id, candidate=candidate.id)
     order = [(i.datasource_item_id, i.change) for i in found.data]
-    assert order == [(0, "regressed"), (5, "errored"), (4, "errored"), (2, "unchanged"),
-                     (3, "improved"), (1, "improved")]  # fmt: skip
+    # The errored: the candidate's own error (sky), the base's (grass), both's (refused).
+    assert order == [(0, "regressed"), (5, "errored"), (6, "errored"), (4, "errored"),
+                     (2, "unchanged"), (3, "improved"), (1, "improved")]  # fmt: skip
     deltas = {i.datasource_item_id: i.delta for i in found.data}
-    assert [deltas[0], deltas[1], deltas[2], deltas[4], deltas[5]] == [-1.0, 1.0, 0.0, None, None]
+    assert [deltas[0], deltas[1], deltas[2]] == [-1.0, 1.0, 0.0]
+    assert [deltas[4], deltas[5], deltas[6]] == [None, None, None]
     assert deltas[3] == pytest.approx(1 - 2 / 3)
-    assert found.counts.model_dump() == {"regressed": 1, "errored": 2, "unchanged": 1,
+    assert found.counts.model_dump() == {"regressed": 1, "errored": 3, "unchanged": 1,
                                          "improved": 2}  # fmt: skip
     assert (found.first_id, found.last_id, found.has_more) == (0, 1, False)
 
@@ -102,7 +108,7 @@ def test_two_models_side_by_side_regressions_first(stack: Stack) -> None:
             )
             assert item.delta == pytest.approx(expected)
 
-    france, sky, refused = found.data[0], found.data[1], found.data[2]
+    france, sky, grass, refused = found.data[:4]
     assert france.datasource_item == QUESTIONS[0]
     assert (france.base.output_text, france.candidate.output_text) == ("Paris", "Lyon")
     assert [(g.name, g.score, g.passed) for g in france.candidate.results] == [
@@ -112,6 +118,9 @@ def test_two_models_side_by_side_regressions_first(stack: Stack) -> None:
     assert (sky.base.status, sky.base.error, sky.base.score) == ("fail", None, 0.0)
     assert (sky.candidate.status, sky.candidate.score) == ("error", None)
     assert sky.candidate.error == "This prompt was refused."
+    assert (grass.base.status, grass.base.error) == ("error", "This prompt was refused.")
+    assert (grass.candidate.status, grass.candidate.score, grass.candidate.error) == (
+        "pass", 1.0, None)  # fmt: skip
     assert refused.base.error == refused.candidate.error == "This prompt was refused."
     for item in found.data:
         for side in (item.base, item.candidate):
@@ -120,12 +129,12 @@ def test_two_models_side_by_side_regressions_first(stack: Stack) -> None:
 
     summaries = (found.base, found.candidate)
     assert [(s.id, s.model, s.items, s.errored) for s in summaries] == [
-        (base.id, BASE, 6, 1), (candidate.id, CANDIDATE, 6, 2)]  # fmt: skip
+        (base.id, BASE, 7, 2), (candidate.id, CANDIDATE, 7, 2)]  # fmt: skip
     assert found.base.mean_score == pytest.approx(statistics.fmean([1, 0, PLANET, 2 / 3, 0]))
-    assert found.candidate.mean_score == pytest.approx(statistics.fmean([0, 1, PLANET, 1]))
-    assert (found.base.pass_rate, found.candidate.pass_rate) == (1 / 6, 2 / 6)
+    assert found.candidate.mean_score == pytest.approx(statistics.fmean([0, 1, PLANET, 1, 1]))
+    assert (found.base.pass_rate, found.candidate.pass_rate) == (1 / 7, 3 / 7)
     assert found.base.mean_per_criterion["exact"] == pytest.approx(1 / 5)
-    assert found.candidate.mean_per_criterion["exact"] == pytest.approx(2 / 4)
+    assert found.candidate.mean_per_criterion["exact"] == pytest.approx(3 / 5)
     for summary in summaries:
         assert summary.latency_p50_ms is not None
         assert summary.latency_p95_ms is not None
@@ -140,7 +149,7 @@ def test_two_models_side_by_side_regressions_first(stack: Stack) -> None:
         after = page.last_id
         if not page.has_more:
             break
-    assert pages == [[0, 5], [4, 2], [3, 1]]
+    assert pages == [[0, 5], [6, 4], [2, 3], [1]]
 
     # Given samples (a jsonl run) compare too; they have no latency.
     given = _jsonl(
