@@ -448,6 +448,55 @@ class EvalDecided(JobEvent):
     auto_deploy: bool = False
 
 
+class PairwiseScore(BaseModel):
+    """A shadow judged against its primary on the calls mirrored to both: the pairs counted,
+    the shadow's win rate (wins + ties/2) / decided with its 95 % Wilson interval, and the
+    verdict: `better` (the interval's lower bound above 0.5), `worse` (its upper bound below
+    0.5), else `undecided` (also with fewer than `min_pairs` decided pairs)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pairs: int = Field(ge=0, description="every pair captured, whatever became of it")
+    shadow_wins: int = Field(ge=0)
+    primary_wins: int = Field(ge=0)
+    ties: int = Field(ge=0)
+    judge_errors: int = Field(ge=0, description="pairs the judge could not answer: not decided")
+    shadow_failures: int = Field(ge=0, description="pairs whose shadow failed: not judged")
+    decided: int = Field(ge=0, description="shadow wins + primary wins + ties")
+    win_rate: float | None = Field(default=None, ge=0, le=1)
+    low: float | None = Field(default=None, ge=0, le=1)
+    high: float | None = Field(default=None, ge=0, le=1)
+    min_pairs: int = Field(ge=0, description="decided pairs needed before a verdict")
+    verdict: Literal["better", "worse", "undecided"]
+
+    def describe(self) -> str:
+        """The numbers in words, for a refusal or a log line."""
+        rate = (
+            f"win rate {self.win_rate:.2f} (95 % interval {self.low:.2f}-{self.high:.2f})"
+            if self.win_rate is not None and self.low is not None and self.high is not None
+            else "no win rate"
+        )
+        return (
+            f"{self.verdict}: {rate} over {self.decided} decided pairs (at least "
+            f"{self.min_pairs} needed): {self.shadow_wins} shadow wins, {self.primary_wins} "
+            f"primary wins, {self.ties} ties; {self.judge_errors} judge errors and "
+            f"{self.shadow_failures} shadow failures of {self.pairs} pairs"
+        )
+
+
+class ShadowScored(Event):
+    """A served name's shadow was scored pairwise against its primary (the evaluator's
+    services/evaluator/shadow.py), for this pair of versions: the counts so far and the verdict
+    the hoster's promote and automatic rollback read."""
+
+    event_name = "eval.shadow_scored"
+    stream = EVALS
+    name: str = Field(min_length=1, max_length=256, description="the served name")
+    primary_version: str
+    shadow_version: str
+    score: PairwiseScore
+
+
 # --- registry and deployments -----------------------------------------------------------------
 
 
@@ -531,13 +580,17 @@ class DeploymentStopped(DeploymentEvent):
 class CanaryPolicy(BaseModel):
     """When a canary is rolled back by itself: over its last `min_requests` calls (at least),
     an error rate (5xx, unreachable) above `max_error_rate` or a p95 latency above
-    `max_p95_ms` (None: latency is not judged)."""
+    `max_p95_ms` (None: latency is not judged). When a shadow is: `shadow_worse` (the
+    evaluator's pairwise score says it is worse than the primary)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     min_requests: int = Field(default=50, ge=5, le=100_000)
     max_error_rate: float = Field(default=0.05, ge=0, le=1)
     max_p95_ms: float | None = Field(default=None, gt=0)
+    shadow_worse: bool = Field(
+        default=True, description="take the shadow out when its pairwise verdict is `worse`"
+    )
 
 
 class ServedTarget(BaseModel):
@@ -589,8 +642,9 @@ class CanaryFailed(Event):
 
 
 class DeploymentRolledBack(DeploymentEvent):
-    """A served name went back: its canary (`deployment_id`) was taken out, or its primary
-    returned to the version before; the numbers when a canary's calls decided it."""
+    """A served name went back: its canary or shadow (`deployment_id`) was taken out, or its
+    primary returned to the version before; the numbers when a canary's calls or a shadow's
+    pairwise score decided it."""
 
     event_name = "deployment.rolled_back"
     stream = DEPLOYMENTS
@@ -600,6 +654,8 @@ class DeploymentRolledBack(DeploymentEvent):
     requests: int | None = None
     errors: int | None = None
     p95_ms: float | None = None
+    # A shadow taken out because its pairwise score said it is worse (reason `shadow_worse`).
+    shadow_score: PairwiseScore | None = None
 
 
 class DeploymentCold(DeploymentEvent):

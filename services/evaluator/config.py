@@ -48,6 +48,12 @@ class EvaluatorSettings(BaseSettings):
     # subset's answers reused). Under 2 turns it off. Each costs the rest's generations.
     rescore_top: int = Field(default=3, ge=0)
     rescore_max_items: int = Field(default=200, ge=1)
+    # Shadow scoring (shadow.py): how often ingest is asked for new shadow pairs, how many a
+    # page, and the decided pairs (wins, losses, ties) a verdict needs: with 20, a shadow
+    # winning 15 of 20 is `better` (Wilson's lower bound 0.53), one winning 14 is not yet.
+    shadow_poll_s: float = Field(default=30.0, gt=0)
+    shadow_page_size: int = Field(default=50, ge=1, le=500)
+    shadow_min_pairs: int = Field(default=20, ge=1)
 
     def hoster(self, settings: Settings) -> str:
         if self.hoster_url:

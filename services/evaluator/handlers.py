@@ -4,6 +4,7 @@
 - job.checkpoint_saved -> score it when due (eval.completed, eval.best_checkpoint_changed)
 - job.training_completed -> the decision once every planned point is scored (eval.decided)
 - job.failed / job.cancelled -> nothing more to score; the engine is given back
+- deployment.served_name_changed -> which served names have a shadow to score (shadow.py)
 
 One message per fetch: an evaluation takes seconds to minutes, and a message waiting in the
 client behind it would pass its ack wait there. While one runs, the message is kept in hand
@@ -22,12 +23,14 @@ from faststream.nats import NatsRouter
 from faststream.nats.annotations import NatsMessage
 
 from services.evaluator.runner import Evaluator
+from services.evaluator.shadow import ShadowScorer
 from shared import bus
 from shared.events import (
     CheckpointSaved,
     JobCancelled,
     JobFailed,
     JobPlanned,
+    ServedNameChanged,
     TrainingCompleted,
 )
 from shared.storage import parse_uri
@@ -60,10 +63,21 @@ def check_uri(field: str, uri: str) -> None:
 
 
 def build_router(
-    evaluator: Evaluator, *, service: str = SERVICE, keepalive_s: float = 20.0
+    evaluator: Evaluator,
+    *,
+    service: str = SERVICE,
+    keepalive_s: float = 20.0,
+    shadow: ShadowScorer | None = None,
 ) -> NatsRouter:
     """The subscribers, on durable consumers named for `service` (tests pass their own)."""
     router = NatsRouter()
+
+    if shadow is not None:
+        scorer = shadow
+
+        @bus.subscribe(router, ServedNameChanged, service=service)
+        async def served_name_changed(event: ServedNameChanged) -> None:
+            await scorer.served_name_changed(event)
 
     @bus.subscribe(router, JobPlanned, service=service, batch_size=1)
     async def job_planned(event: JobPlanned, msg: NatsMessage) -> None:

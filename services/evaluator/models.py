@@ -240,3 +240,57 @@ class JudgeLabelRow(SQLModel, table=True):
     score: float
     note: str | None = Field(default=None, max_length=2000)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class ShadowTargetRow(SQLModel, table=True):
+    """A tenant's served name as the hoster last announced it (deployment.served_name_changed):
+    its primary and, while it has one, its shadow, whose mirrored calls are scored (shadow.py)."""
+
+    __tablename__ = "evaluator_shadow_targets"
+
+    tenant: str = Field(primary_key=True, max_length=63)
+    name: str = Field(primary_key=True, max_length=256)
+    revision: int
+    primary_version: str | None = Field(default=None, max_length=256)
+    shadow_version: str | None = Field(default=None, max_length=256)
+    # The shadow's ft: name (its job's rubric is looked up by it).
+    shadow_model: str | None = Field(default=None, max_length=256)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class ShadowCursorRow(SQLModel, table=True):
+    """How far a tenant's shadow pairs have been read from ingest (its opaque cursor)."""
+
+    __tablename__ = "evaluator_shadow_cursors"
+
+    tenant: str = Field(primary_key=True, max_length=63)
+    cursor: str = Field(max_length=512)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class ShadowVerdictRow(SQLModel, table=True):
+    """One shadow pair's outcome, stored once per pair: `shadow` / `primary` (the winner), `tie`,
+    `judge_error` (counted apart, not decided), `shadow_failed` or `primary_failed` (not
+    judged)."""
+
+    __tablename__ = "evaluator_shadow_verdicts"
+    __table_args__ = (
+        sa.Index(
+            "ix_evaluator_shadow_verdicts_score", "tenant", "name", "primary_version",
+            "shadow_version",
+        ),
+    )  # fmt: skip
+
+    tenant: str = Field(primary_key=True, max_length=63)
+    pair_id: str = Field(primary_key=True, max_length=64)
+    name: str = Field(max_length=256)
+    primary_version: str = Field(max_length=256)
+    shadow_version: str = Field(max_length=256)
+    outcome: str = Field(max_length=16)
+    # The judge's two answers as asked (shadow shown first, then primary first), JSON.
+    verdicts: str | None = Field(default=None, max_length=64)
+    error: str | None = Field(default=None, max_length=2000)
+    rubric: str = Field(max_length=128)
+    judge_model: str | None = Field(default=None, max_length=256)
+    captured_at: datetime = Field(sa_type=UTCDateTime)
+    judged_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

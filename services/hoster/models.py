@@ -89,6 +89,9 @@ class ServedName(SQLModel, table=True):
     # A candidate mirrored `shadow_percent` of the calls: its answers are kept, never returned.
     shadow_id: str | None = Field(default=None, max_length=64)
     shadow_percent: float = 0.0
+    # The evaluator's latest pairwise score of the shadow against the primary (eval.shadow_scored,
+    # as JSON): promote reads it; it holds for the versions it names only.
+    shadow_score: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
     previous_id: str | None = Field(default=None, max_length=64)
     policy: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
     revision: int = 0

@@ -1,8 +1,8 @@
 """Control-plane routes of other services behind the gateway's one base URL.
 
 `/v1/fine_tuning/...` goes to the scheduler, `/v1/models` and `/v1/deployments` to the hoster,
-`/v1/evals` to the evaluator. The caller's own credentials travel with the request: the owning
-service authenticates it, so the gateway adds nothing and keeps nothing.
+`/v1/evals` and `/v1/shadow_scores` to the evaluator. The caller's own credentials travel with
+the request: the owning service authenticates it, so the gateway adds nothing and keeps nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ OWNERS = {
     "deployments": "hoster",
     "served_names": "hoster",
     "evals": "evaluator",
+    "shadow_scores": "evaluator",
 }
 _HOP_BY_HOP = HOP_BY_HOP | {"host", "content-length"}
 

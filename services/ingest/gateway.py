@@ -222,8 +222,10 @@ class Gateway:
         self, incoming: Incoming, route: Route, api: Api, path: str, tenant: str
     ) -> None:
         """Send an answered call to the served name's shadow too and keep its answer as a
-        sample (never the caller's: it has its answer already). A failure is logged only."""
+        sample (never the caller's: it has its answer already). A shadow that cannot be reached
+        is logged and kept as a failed sample (502), so its pair is counted as a failure."""
         started_at, start = datetime.now(UTC), time.perf_counter()
+        content_type, encoding = "application/json", ""
         try:
             upstream = await self.client.request(
                 incoming.method,
@@ -242,19 +244,24 @@ class Gateway:
                     body = b"".join(chunks)
             finally:
                 upstream.release()
+            status = upstream.status
+            content_type = (upstream.header(b"content-type") or b"").decode("latin-1")
+            encoding = (upstream.header(b"content-encoding") or b"").decode("latin-1")
         except UpstreamError as exc:
             log.warning("shadow %s of tenant %s unreachable: %s", route.upstream, tenant, exc)
-            return
+            status = 502
+            error = {"message": f"the shadow could not be reached: {exc}", "type": "unreachable"}
+            body = orjson.dumps({"error": error})
         self._submit(
             CapturedCall(
                 api=api,
                 tenant=tenant,
                 request_id=os.urandom(16).hex(),
                 request_body=incoming.body,
-                status=upstream.status,
+                status=status,
                 response_body=body,
-                content_type=(upstream.header(b"content-type") or b"").decode("latin-1"),
-                content_encoding=(upstream.header(b"content-encoding") or b"").decode("latin-1"),
+                content_type=content_type,
+                content_encoding=encoding,
                 started_at=started_at,
                 latency_ms=(time.perf_counter() - start) * 1000,
                 tags=incoming.tags,

@@ -1,5 +1,6 @@
 """Routes for the platform's other services, acting for a tenant (the service token, never a
-tenant's key): the scheduler's retrain policies count new traffic and build datasets from it.
+tenant's key): the scheduler's retrain policies count new traffic and build datasets from it;
+the evaluator reads the shadow pairs the gateway captured, to score them against each other.
 
 Under `/internal/tenants/{tenant}/...`: the tenant is named in the path because the caller holds
 no key of it; the service token is what is checked (shared.auth.require_service). Left out of
@@ -11,10 +12,10 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
-from services.ingest import dataset_rows, dataset_select
+from services.ingest import dataset_rows, dataset_select, shadow_pairs
 from services.ingest.dataset_api import (
     EngineDep,
     WorkerDep,
@@ -23,6 +24,7 @@ from services.ingest.dataset_api import (
     start_build,
 )
 from services.ingest.dataset_spec import DatasetSpec, SampleFilter
+from services.ingest.samples import BadCursor
 from shared import auth
 from shared.db import session_scope
 from shared.tenancy import TENANT_PATTERN
@@ -86,3 +88,19 @@ def validate_dataset(
 async def dataset(tenant: Tenant, dataset_id: str, engine: EngineDep) -> dict[str, Any]:
     row = await asyncio.to_thread(dataset_row, engine, tenant, dataset_id)
     return dataset_rows.dataset_object(row)
+
+
+@router.get("/shadow_pairs", response_model=shadow_pairs.ShadowPairPage)
+def list_shadow_pairs(
+    tenant: Tenant,
+    engine: EngineDep,
+    after: Annotated[str | None, Query(max_length=512)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> shadow_pairs.ShadowPairPage:
+    """The tenant's shadow pairs (a served name's answer and its shadow's to the same call)
+    stored after the cursor `after`, oldest first (services/ingest/shadow_pairs.py)."""
+    with session_scope(engine) as session:
+        try:
+            return shadow_pairs.list_pairs(session, tenant=tenant, after=after, limit=limit)
+        except BadCursor as exc:
+            raise HTTPException(422, str(exc)) from None

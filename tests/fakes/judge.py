@@ -6,7 +6,8 @@ What it says is decided by the answer it is shown:
 - `MALFORMED_ONCE`: prose first, then a valid verdict when asked again; `MALFORMED`: prose
   every time; `OUT_OF_RANGE`: a score of 42; `SLOW`: answers after `slow_s`; `ERROR500`: 500.
 `[label=x]` answers a label question with x. A rubric request gets `rubric_reply`; a pairwise one prefers the longer answer (`pairwise`
-"longer"), or always answer A ("first": a judge with a position bias). Every request body and
+"longer"), or always answer A ("first": a judge with a position bias, also when either answer
+holds `POSITION_BIAS`); either answer holding `ERROR500` gets a 500. Every request body and
 its headers are kept, and how many were in flight at most.
 """
 
@@ -89,15 +90,17 @@ class FakeJudge:
         body = {"score": score, "assessment": f"scored {score:g} against the reference"}
         return f"Here is my verdict:\n```json\n{json.dumps(body)}\n```", 200
 
-    def _pair(self, messages: list[dict[str, Any]]) -> str:
+    def _pair(self, messages: list[dict[str, Any]]) -> tuple[str, int]:
         found = _PAIR.search(_user(messages))
         assert found is not None
         a, b = found["a"].strip(), found["b"].strip()
-        if self.pairwise == "first":
+        if "ERROR500" in a + b:
+            return "", 500
+        if self.pairwise == "first" or "POSITION_BIAS" in a + b:
             winner = "A"
         else:
             winner = "tie" if len(a) == len(b) else "A" if len(a) > len(b) else "B"
-        return json.dumps({"winner": winner, "assessment": "compared"})
+        return json.dumps({"winner": winner, "assessment": "compared"}), 200
 
     async def chat(self, request: Request) -> Response:
         body = await request.json()
@@ -110,7 +113,7 @@ class FakeJudge:
             if messages[0]["content"].startswith("You write grading rubrics"):
                 text = self.rubric_reply
             elif "Answer A:" in _user(messages):
-                text = self._pair(messages)
+                text, status = self._pair(messages)
             elif '{"label"' in str(messages[-1]["content"]):
                 text = _label(messages)
             else:
