@@ -22,7 +22,15 @@ from starlette.datastructures import FormData
 from starlette.datastructures import UploadFile as StarletteUploadFile
 from starlette.types import Message, Receive, Scope, Send
 
-from services.ingest import dataset_api, forwarding, keys_api, samples, service_api, uploads
+from services.ingest import (
+    dataset_api,
+    eval_sets_api,
+    forwarding,
+    keys_api,
+    samples,
+    service_api,
+    uploads,
+)
 from services.ingest.feedback import api as feedback_api
 from services.ingest.formats import UnknownFormat, check_format
 from services.ingest.models import UploadedFile
@@ -36,6 +44,8 @@ from shared.storage import ObjectNotFound
 router = APIRouter()
 # Datasets have their own module of routes (dataset_api.py).
 router.include_router(dataset_api.router)
+# Eval sets, held-out samples refreshed from recent traffic: eval_sets_api.py.
+router.include_router(eval_sets_api.router)
 # A tenant's own keys (admin scope): keys_api.py.
 router.include_router(keys_api.router)
 # Feedback on samples (the gateway names each captured call's sample): feedback/api.py.

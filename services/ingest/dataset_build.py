@@ -1,5 +1,5 @@
-"""One dataset build, start to end: select samples -> clean -> split -> decontaminate ->
-snapshot, and the separate process it runs in.
+"""One dataset build, start to end: select samples -> hold out the eval sets' -> clean -> split
+-> decontaminate -> snapshot, and the separate process it runs in.
 
 `build` is the pipeline as plain synchronous code. `run_isolated` runs it in a child process
 (`python -m services.ingest.dataset_build`): a build is seconds to minutes of CPU-bound Python,
@@ -25,7 +25,7 @@ import orjson
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from services.ingest import dataset_select
+from services.ingest import dataset_select, eval_sets
 from services.ingest.cleaning.pipeline import clean_and_split
 from services.ingest.cleaning.report import StepReport
 from services.ingest.cleaning.tokens import TokenCounter, TokenizerLoadError, load_tokenizer
@@ -160,6 +160,16 @@ def build(
         raise BuildFailed("eval_file_ids: the eval files hold no samples")
     selected = len(samples) + len(given_eval or ())
     on_step(StepProgress("select", selected, selected))
+    # What the tenant's eval sets hold never trains (eval files stay the eval split as given).
+    candidates, held_out = eval_sets.hold_out(
+        engine, tenant=tenant, samples=samples, samples_in=selected
+    )
+    on_step(StepProgress(held_out.step, selected, held_out.samples_out, held_out.removed))
+    if not candidates:
+        raise BuildFailed(
+            f"{eval_sets.HOLDOUT_STEP}: all {len(samples)} samples selected for training are "
+            "held by the tenant's eval sets"
+        )
     try:
         # One counter for cleaning and stats: its cache of token counts serves both.
         counter = TokenCounter.of(load_tokenizer(_base_model_location(spec), store))
@@ -175,7 +185,7 @@ def build(
 
     try:
         train, evaluation, report = clean_and_split(
-            samples,
+            candidates,
             spec.cleaning,
             spec.split,
             eval_samples=given_eval,
@@ -185,6 +195,9 @@ def build(
         )
     except SplitError as exc:
         raise BuildFailed(str(exc)) from None
+    # The hold-out is the report's first step, so its counts add up from the selection.
+    report.steps.insert(0, held_out)
+    report.input_count += held_out.removed
     kept = len(train) + len(evaluation)
     lineage = {
         "file_ids": list(spec.file_ids),

@@ -118,8 +118,11 @@ def count_filtered(session: Session, *, tenant: str, selection: SampleFilter | N
     return int(session.exec(statement).one())
 
 
-def _pages(engine: Engine, conditions: list[Any], page_size: int) -> Iterator[list[Any]]:
-    """(created_at, id, body) rows matching `conditions`, oldest first, one page at a time."""
+def _pages(
+    engine: Engine, conditions: list[Any], page_size: int, *, newest_first: bool = False
+) -> Iterator[list[Any]]:
+    """(created_at, id, body) rows matching `conditions`, oldest first (or newest first), one
+    page at a time."""
     after: tuple[datetime, str] | None = None
     while True:
         statement = sa.select(
@@ -129,13 +132,13 @@ def _pages(engine: Engine, conditions: list[Any], page_size: int) -> Iterator[li
             # A row-value comparison: both SQLite and PostgreSQL seek the (tenant, created_at,
             # id) index to it, where an OR of the two cases may not.
             created, sample_id = after
-            statement = statement.where(
-                sa.tuple_(col(SampleRow.created_at), col(SampleRow.id))
-                > sa.tuple_(sa.literal(created, UTCDateTime()), sa.literal(sample_id, sa.String()))
-            )
-        statement = statement.order_by(col(SampleRow.created_at), col(SampleRow.id)).limit(
-            page_size
-        )
+            key = sa.tuple_(col(SampleRow.created_at), col(SampleRow.id))
+            seen = sa.tuple_(sa.literal(created, UTCDateTime()), sa.literal(sample_id, sa.String()))
+            statement = statement.where(key < seen if newest_first else key > seen)
+        order: list[Any] = [col(SampleRow.created_at), col(SampleRow.id)]
+        if newest_first:
+            order = [column.desc() for column in order]
+        statement = statement.order_by(*order).limit(page_size)
         with engine.connect() as connection:
             rows = connection.execute(statement).all()
         if not rows:
@@ -152,7 +155,10 @@ def iter_filtered(
     tenant: str,
     selection: SampleFilter | None,
     page_size: int = PAGE_SIZE,
+    newest_first: bool = False,
 ) -> Iterator[Sample]:
+    """The filter's samples, oldest first (a dataset), or newest first (an eval set's refresh,
+    which stops once it has enough)."""
     conditions = _filter_conditions(tenant, selection)
     # What SQL could not decide; the feedback criteria it did decide are left out of the check.
     check = (
@@ -160,7 +166,7 @@ def iter_filtered(
         if selection is not None and (selection.models or selection.metadata)
         else None
     )
-    for rows in _pages(engine, conditions, page_size):
+    for rows in _pages(engine, conditions, page_size, newest_first=newest_first):
         for row in rows:
             sample = Sample.from_json_bytes(row[2])
             if check is None or check.matches(sample):

@@ -1,5 +1,5 @@
 """Tables owned by the ingest service: captured samples and their tags, feedback on them,
-uploaded files, datasets.
+uploaded files, datasets, eval sets.
 
 The sample itself is stored whole as canonical JSON (`body`); the other columns exist to filter
 and page without parsing it. Tags get their own table so "every sample tagged X" is an index
@@ -143,3 +143,56 @@ class FidelityCount(SQLModel, table=True):
     kind: str = Field(primary_key=True, max_length=16)
     reason: str = Field(primary_key=True, max_length=200)
     count: int = Field(default=0, sa_type=sa.BigInteger)
+
+
+class EvalSetRow(SQLModel, table=True):
+    """A tenant's eval set (POST /v1/eval_sets): a sample filter and how many of its most
+    recent samples a refresh takes. Each refresh is a new immutable version (the next table)."""
+
+    __tablename__ = "ingest_eval_sets"
+    __table_args__ = (sa.Index("ix_ingest_eval_sets_tenant_created", "tenant", "created_at", "id"),)
+
+    id: str = Field(primary_key=True, max_length=40)
+    tenant: str = Field(max_length=63)
+    name: str = Field(max_length=200)
+    # The SampleFilter, as JSON.
+    source: bytes = Field(sa_type=sa.LargeBinary)
+    size: int
+    # The caller's string pairs, as JSON (`metadata` is SQLModel's own attribute).
+    meta: bytes | None = Field(default=None, sa_type=sa.LargeBinary)
+    # 0 until the first refresh.
+    latest_version: int = 0
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    refreshed_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class EvalSetVersionRow(SQLModel, table=True):
+    """One refresh of an eval set: never changed once written."""
+
+    __tablename__ = "ingest_eval_set_versions"
+
+    eval_set_id: str = Field(primary_key=True, max_length=40)
+    version: int = Field(primary_key=True)
+    tenant: str = Field(max_length=63)
+    item_count: int
+    # What the refresh looked at and left out, as JSON.
+    report: bytes = Field(sa_type=sa.LargeBinary)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class EvalSetItemRow(SQLModel, table=True):
+    """A sample held by an eval set version, scrubbed as datasets are. Every dataset build of the
+    tenant leaves out samples with this id or this prompt (eval_sets.hold_out)."""
+
+    __tablename__ = "ingest_eval_set_items"
+    __table_args__ = (sa.Index("ix_ingest_eval_set_items_tenant", "tenant"),)
+
+    eval_set_id: str = Field(primary_key=True, max_length=40)
+    version: int = Field(primary_key=True)
+    position: int = Field(primary_key=True)
+    tenant: str = Field(max_length=63)
+    sample_id: str = Field(max_length=64)
+    # cleaning.text.prompt_key of the sample as captured (hex): the split's one-side rule.
+    prompt_key: str = Field(max_length=32)
+    # The scrubbed sample, canonical JSON.
+    body: bytes = Field(sa_type=sa.LargeBinary)
