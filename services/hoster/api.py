@@ -16,11 +16,11 @@ from sqlmodel import Session
 from services.hoster import aliases, registry
 from services.hoster.errors import HosterError
 from services.hoster.models import Deployment, ModelAlias, ServedName
-from services.hoster.served_names import NAME_PATTERN, Role
+from services.hoster.served_names import NAME_PATTERN, Role, current_score
 from services.hoster.state import Hoster
 from shared import auth
 from shared.db import get_session
-from shared.events import CanaryPolicy
+from shared.events import CanaryPolicy, PairwiseScore
 from shared.tenancy import TenantId
 
 _ERROR_TYPES = {404: "invalid_request_error", 409: "conflict", 422: "invalid_request_error"}
@@ -174,6 +174,10 @@ class ServedNameObject(BaseModel):
     shadow_percent: float
     previous: str | None = Field(description="what a rollback without a canary goes back to")
     rollback: CanaryPolicy
+    shadow_score: PairwiseScore | None = Field(
+        default=None,
+        description="the evaluator's latest pairwise score of the shadow against the primary",
+    )
     revision: int
     updated_at: int
 
@@ -188,9 +192,17 @@ class ServedNameObject(BaseModel):
             shadow_percent=row.shadow_percent,
             previous=row.previous_id,
             rollback=CanaryPolicy.model_validate(row.policy or {}),
+            shadow_score=current_score(row),
             revision=row.revision,
             updated_at=int(row.updated_at.timestamp()),
         )
+
+
+class PromoteBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    force: bool = Field(
+        default=False, description="promote a shadow its pairwise score does not call better"
+    )
 
 
 class ServedNameList(BaseModel):
@@ -387,11 +399,11 @@ async def update_served_name(
 
 
 @v1.post("/served_names/{name}/promote", response_model=ServedNameObject, tags=["deployments"],
-         summary="The canary becomes the primary")  # fmt: skip
+         summary="The canary (else a shadow scored better, or forced) becomes the primary")  # fmt: skip
 async def promote_served_name(
-    name: str, principal: TenantDep, hoster: HosterDep
+    name: str, principal: TenantDep, hoster: HosterDep, body: PromoteBody | None = None
 ) -> ServedNameObject:
-    await hoster.promote(principal.tenant_id, name)
+    await hoster.promote(principal.tenant_id, name, force=body is not None and body.force)
     return await _served(hoster, principal.tenant_id, name)
 
 

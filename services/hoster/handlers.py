@@ -4,6 +4,8 @@
   model.registered; with auto_deploy and a gate not rejecting it, a deployment (under the job's
   suffix as a served name: a canary when the name is served already).
 - deployment.canary_failed (a gateway's verdict) -> the canary taken out of its served name.
+- eval.shadow_scored (the evaluator's pairwise score) -> kept for promote; a shadow scored
+  `worse` taken out when the name's policy says so.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from faststream.nats import NatsRouter
 
 from services.hoster.state import Hoster
 from shared import bus
-from shared.events import CanaryFailed, EvalDecided
+from shared.events import CanaryFailed, EvalDecided, ShadowScored
 
 SERVICE = "hoster"
 
@@ -27,5 +29,9 @@ def build_router(hoster: Hoster) -> NatsRouter:
     @bus.subscribe(router, CanaryFailed, service=SERVICE)
     async def canary_failed(event: CanaryFailed) -> None:
         await hoster.canary_failed(event)
+
+    @bus.subscribe(router, ShadowScored, service=SERVICE)
+    async def shadow_scored(event: ShadowScored) -> None:
+        await hoster.shadow_scored(event)
 
     return router

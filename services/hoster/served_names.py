@@ -12,7 +12,10 @@ on. A deployment asked for under a served name takes its place there once it is 
   or p95 latency cross the name's policy: `deployment.canary_failed`);
 - as `shadow`: `shadow_percent` of the primary's calls are sent to it too, after they are
   answered; its answers are kept as samples paired with the primary's (for the evaluator's
-  pairwise score), never returned. Promote and rollback act on the canary, else the shadow.
+  pairwise score), never returned. Promote and rollback act on the canary, else the shadow. A
+  shadow is promoted only when its latest pairwise score (`eval.shadow_scored`, kept as
+  `shadow_score`) says `better`, unless forced; one scored `worse` is taken out by itself
+  when the name's policy says so (`shadow_worse`, the canary's policy object).
 Every change bumps the name's `revision` and is published whole (`deployment.served_name_changed`),
 so a gateway that replays the stream ends at the newest state whatever the order.
 """
@@ -33,8 +36,10 @@ from shared.events import (
     CanaryPolicy,
     DeploymentRolledBack,
     Event,
+    PairwiseScore,
     ServedNameChanged,
     ServedTarget,
+    ShadowScored,
 )
 
 Role = Literal["primary", "canary", "shadow"]
@@ -126,9 +131,9 @@ class ServedNames:
                 row.canary_id = None
         return [self._save(session, row)]
 
-    def promote(self, tenant: str, name: str) -> list[Event]:
+    def promote(self, tenant: str, name: str, *, force: bool = False) -> list[Event]:
         """The canary (else the shadow) becomes the primary; the primary it replaces is the
-        rollback target."""
+        rollback target. A shadow only when its pairwise score says `better`, or `force`."""
         with session_scope(self.database) as session:
             row = self._row(session, tenant, name)
             candidate = row.canary_id or row.shadow_id
@@ -137,6 +142,14 @@ class ServedNames:
             if row.canary_id == candidate:
                 row.canary_id = None
             else:
+                score = current_score(row)
+                if not force and (score is None or score.verdict != "better"):
+                    said = "no pairwise score yet" if score is None else score.describe()
+                    raise Conflict(
+                        f"served name {name!r}: its shadow is not scored better than its "
+                        f'primary ({said}); promote with {{"force": true}} to promote it anyway',
+                        shadow_score=score.model_dump() if score is not None else None,
+                    )
                 row.shadow_id = None
             row.previous_id, row.primary_id = row.primary_id, candidate
             self._set_role(session, row.primary_id, "primary")
@@ -199,6 +212,49 @@ class ServedNames:
         )
         return [changed, rolled]
 
+    def score_shadow(self, event: ShadowScored) -> str | None:
+        """Keep the latest pairwise score of the name's shadow when it is about the versions
+        serving now (a late score of a shadow since replaced is dropped). Returns the shadow's
+        deployment id when the score says `worse` and the policy takes such a shadow out."""
+        with session_scope(self.database) as session:
+            row = session.get(ServedName, (event.tenant, event.name))
+            if row is None or row.shadow_id is None:
+                return None
+            versions = (_version(session, row.primary_id), _version(session, row.shadow_id))
+            if versions != (event.primary_version, event.shadow_version):
+                return None
+            row.shadow_score = {
+                "deployment_id": row.shadow_id,
+                "primary_version": event.primary_version,
+                "shadow_version": event.shadow_version,
+                "scored_at": event.occurred_at.isoformat(),
+                "score": event.score.model_dump(),
+            }
+            session.add(row)
+            session.commit()
+            policy = CanaryPolicy.model_validate(row.policy or {})
+            worse = event.score.verdict == "worse" and policy.shadow_worse
+            return row.shadow_id if worse else None
+
+    def shadow_worse(self, tenant: str, name: str, deployment_id: str) -> list[Event]:
+        """Take out a shadow its pairwise score found worse (once: if it is still the shadow)."""
+        with session_scope(self.database) as session:
+            row = self._row(session, tenant, name)
+            score = current_score(row)
+            if row.shadow_id != deployment_id or score is None:
+                return []
+            row.shadow_id = None
+            changed = self._save(session, row)
+            rolled = DeploymentRolledBack(
+                tenant=tenant,
+                deployment_id=deployment_id,
+                name=name,
+                restored_deployment_id=row.primary_id,
+                reason="shadow_worse",
+                shadow_score=score,
+            )
+        return [changed, rolled]
+
     def stopped(self, deployment_id: str) -> list[Event]:
         """An undeployed deployment leaves every place it held."""
         with session_scope(self.database) as session:
@@ -248,6 +304,21 @@ class ServedNames:
         session.commit()
         session.refresh(row)
         return changed_event(session, row)
+
+
+def current_score(row: ServedName) -> PairwiseScore | None:
+    """The latest pairwise score of the name's shadow, if it is about the shadow there now."""
+    kept = row.shadow_score
+    if not kept or row.shadow_id is None or kept.get("deployment_id") != row.shadow_id:
+        return None
+    return PairwiseScore.model_validate(kept["score"])
+
+
+def _version(session: Session, deployment_id: str | None) -> str | None:
+    """How the evaluator names a deployment's version: its registry id, else (a catalogue
+    base) the name its engine answers to."""
+    found = session.get(Deployment, deployment_id) if deployment_id else None
+    return (found.version_id or found.served_model_name) if found is not None else None
 
 
 def changed_event(session: Session, row: ServedName) -> ServedNameChanged:

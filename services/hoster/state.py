@@ -33,6 +33,7 @@ from shared.events import (
     DeploymentStopped,
     EvalDecided,
     Event,
+    ShadowScored,
 )
 from shared.settings import Settings
 from shared.storage import ObjectStore
@@ -197,8 +198,9 @@ class Hoster:
             await self.publish(event)
 
     # -- served names ----------------------------------------------------------------------------
-    async def promote(self, tenant: str, name: str) -> None:
-        await self._publish_all(await asyncio.to_thread(self.served.promote, tenant, name))
+    async def promote(self, tenant: str, name: str, *, force: bool = False) -> None:
+        promoted = await asyncio.to_thread(self.served.promote, tenant, name, force=force)
+        await self._publish_all(promoted)
 
     async def rollback(self, tenant: str, name: str) -> None:
         changed = await asyncio.to_thread(
@@ -231,6 +233,20 @@ class Hoster:
             log.warning(
                 "served name %s (%s): canary rolled back: %s", event.name, event.tenant, said
             )
+        await self._publish_all(changed)
+
+    async def shadow_scored(self, event: ShadowScored) -> None:
+        """The evaluator scored a shadow pairwise: kept for promote; a `worse` one is taken
+        out when the name's policy says so (`shadow_worse`)."""
+        worse = await asyncio.to_thread(self.served.score_shadow, event)
+        if worse is None:
+            return
+        changed = await asyncio.to_thread(self.served.shadow_worse, event.tenant, event.name, worse)
+        if changed:
+            log.warning(
+                "served name %s (%s): shadow %s taken out: %s",
+                event.name, event.tenant, worse, event.score.describe(),
+            )  # fmt: skip
         await self._publish_all(changed)
 
     # -- deployments ------------------------------------------------------------------------

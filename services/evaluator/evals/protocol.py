@@ -178,8 +178,12 @@ class FileContent(_Request):
 
 class FileId(_Request):
     type: Literal["file_id"]
-    id: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")] = Field(
-        description="an uploaded file (`file-...`) or a built dataset (`ds_...`: its eval split)"
+    # `@<n>` only pins an eval set's version (sources.py); the id stays a safe path segment.
+    id: Annotated[
+        str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+(@[0-9]+)?$")
+    ] = Field(
+        description="an uploaded file (`file-...`), a built dataset (`ds_...`: its eval split) or "
+        "an eval set (`evs_...`: its latest version, `evs_...@<n>`: version n)"
     )
 
 

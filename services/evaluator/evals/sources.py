@@ -1,16 +1,18 @@
-"""A run's items: inline (`file_content`), an uploaded file (`file-...`) or a built dataset's eval
-split (`ds_...`), the last two read from ingest's HTTP API with the caller's own key (as the
-scheduler reads them), so ingest decides whose they are. Every item is checked against the
-eval's item schema before the run is accepted; the first items that do not match are named.
+"""A run's items: inline (`file_content`), an uploaded file (`file-...`), a built dataset's eval
+split (`ds_...`) or an eval set's version (`evs_...` its latest, `evs_...@N` version N), the last
+three read from ingest's HTTP API with the caller's own key (as the scheduler reads them), so
+ingest decides whose they are. Every item is checked against the eval's item schema before the
+run is accepted; the first items that do not match are named.
 
 A file's line is `{"item": {...}, "sample": {...}}` (`sample` optional) or the item itself. A
-dataset sample becomes `{"messages": <its turns before the last>, "reference": <the last
-assistant turn's text>}`, with `tools` and `reference_tool_calls` when it has them.
+dataset's or eval set's sample becomes `{"messages": <its turns before the last>, "reference":
+<the last assistant turn's text>}`, with `tools` and `reference_tool_calls` when it has them.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +22,9 @@ import jsonschema_rs
 from services.evaluator.evals.errors import EvalsError
 
 DATASET_PREFIX = "ds_"
+EVAL_SET_PREFIX = "evs_"
+# An eval set id, and a version number after `@` (none: the latest).
+_EVAL_SET = re.compile(r"(evs_[0-9A-Za-z]{1,36})(?:@([1-9][0-9]{0,8}))?")
 FILE_PREFIX = "file-"
 SOURCE_ID = "data_source.source.id"
 _ERRORS_NAMED = 3
@@ -91,6 +96,11 @@ def _dataset_row(value: Any, where: str) -> Row | None:
     return Row(item)
 
 
+def _chat_rows(body: bytes, what: str) -> list[Row]:
+    rows = [_dataset_row(value, where) for where, value in _jsonl(body, what)]
+    return [row for row in rows if row is not None]
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -118,19 +128,34 @@ class IngestReader:
     async def rows(self, ident: str, headers: dict[str, str]) -> list[Row]:
         if ident.startswith(DATASET_PREFIX):
             return await self._dataset(ident, headers)
+        if ident.startswith(EVAL_SET_PREFIX):
+            return await self._eval_set(ident, headers)
         if ident.startswith(FILE_PREFIX):
             body = await self._get(f"/v1/files/{ident}/content", headers, ident)
             return [_line_row(value, where) for where, value in _jsonl(body, ident)]
         raise EvalsError(
             422,
-            f"{SOURCE_ID}: {ident!r} is neither an uploaded file (file-...) nor a dataset (ds_...)",
+            f"{SOURCE_ID}: {ident!r} is not an uploaded file (file-...), a dataset (ds_...) or "
+            "an eval set (evs_... or evs_...@<version>)",
             param=SOURCE_ID,
         )
 
     async def _dataset(self, ident: str, headers: dict[str, str]) -> list[Row]:
         body = await self._get(f"/v1/datasets/{ident}/export?split=eval", headers, ident)
-        rows = [_dataset_row(value, where) for where, value in _jsonl(body, f"{ident} eval split")]
-        return [row for row in rows if row is not None]
+        return _chat_rows(body, f"{ident} eval split")
+
+    async def _eval_set(self, ident: str, headers: dict[str, str]) -> list[Row]:
+        named = _EVAL_SET.fullmatch(ident)
+        if named is None:
+            raise EvalsError(
+                422,
+                f"{SOURCE_ID}: {ident!r} is not an eval set id (evs_...) with an optional "
+                "version (evs_...@<version>, a number from 1)",
+                param=SOURCE_ID,
+            )
+        # Ingest serves a version as it exports a dataset's split: OpenAI chat lines.
+        path = f"/v1/eval_sets/{named[1]}/versions/{named[2] or 'latest'}/content"
+        return _chat_rows(await self._get(path, headers, ident), ident)
 
     async def _get(self, path: str, headers: dict[str, str], ident: str) -> bytes:
         try:

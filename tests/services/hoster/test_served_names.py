@@ -150,7 +150,10 @@ def test_a_shadow_is_mirrored_a_share_and_promoted_or_rolled_back_like_a_canary(
     assert isinstance(rolled, DeploymentRolledBack)
     assert (rolled.deployment_id, rolled.restored_deployment_id) == ("dep-s1", "dep-m1")
     names.attach(deployment(database, "s2"), "mirror", "shadow", percent=20, policy=None)
-    promoted = state(names.promote("acme", "mirror"))
+    # A shadow is promoted on its pairwise score (test_shadow_promote.py), or when forced.
+    with pytest.raises(Conflict, match="no pairwise score yet"):
+        names.promote("acme", "mirror")
+    promoted = state(names.promote("acme", "mirror", force=True))
     assert promoted.primary is not None
     assert (promoted.primary.deployment_id, promoted.shadow) == ("dep-s2", None)
 
