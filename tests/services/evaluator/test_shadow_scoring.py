@@ -15,6 +15,7 @@ import asyncio
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -172,11 +173,11 @@ def _call_everything(stack: Stack, client: openai.OpenAI) -> None:
         return reply.choices[0].message.content or ""
 
     # The gateway follows the bus: wait until each name answers with its primary.
+    def routed(name: str) -> bool:
+        return _answers(answer, name) == CASES.get(name, CASES["prefers-shadow"])[0]
+
     for name in CALLS:
-        primary = CASES.get(name, CASES["prefers-shadow"])[0]
-        assert localstack.wait_until(
-            lambda n=name, p=primary: _answers(answer, n) == p, 30, interval_s=0.2
-        ), name
+        assert localstack.wait_until(partial(routed, name), 30, interval_s=0.2), name
     for name, count in CALLS.items():
         for n in range(count):
             answer(name, f"question {n} for {name}")
