@@ -430,9 +430,15 @@ class EvalDecided(JobEvent):
 
     Carries what the hoster registers, so registration needs no other service's state. `gate`
     None: the job had no evals, the last checkpoint is the choice and nothing was gated.
+
+    v2: the version serving the job's served name (its suffix) when the job auto-deploys,
+    `serving_version_id` and `serving_score` on the same eval items as `best_score`, and
+    `beats_serving` (None: nothing serves the name, no auto_deploy, or the gate rejected it),
+    which the hoster reads before making the new version that name's canary.
     """
 
     event_name = "eval.decided"
+    event_version = 2
     stream = EVALS
     base_model: str
     fine_tuned_model: str
@@ -446,6 +452,9 @@ class EvalDecided(JobEvent):
     gate: Literal["passed", "rejected"] | None = None
     gate_reason: str = ""
     auto_deploy: bool = False
+    serving_version_id: str | None = None
+    serving_score: float | None = None
+    beats_serving: bool | None = None
 
 
 class PairwiseScore(BaseModel):

@@ -69,6 +69,16 @@ class Decided(BaseModel):
         default_factory=dict, description="the top checkpoints' scores on the whole eval split"
     )
     rescored_items: int | None = None
+    serving_version_id: str | None = Field(
+        default=None, description="the version serving the job's served name when it was decided"
+    )
+    serving_score: float | None = Field(
+        default=None, description="that version's score on the items best_score was measured on"
+    )
+    serving_items: int | None = None
+    beats_serving: bool | None = Field(
+        default=None, description="null: nothing served the name, or the job does not auto-deploy"
+    )
 
 
 class EvalObject(BaseModel):

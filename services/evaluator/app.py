@@ -45,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         overfit_rule=overfit.Rule(config.overfit_evals, config.overfit_margin),
         rescore_top=config.rescore_top,
         rescore_max_items=config.rescore_max_items,
+        serving_margin=config.serving_margin,
         judging=judging,
     )
     reader = PairsReader(

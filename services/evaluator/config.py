@@ -54,6 +54,11 @@ class EvaluatorSettings(BaseSettings):
     shadow_poll_s: float = Field(default=30.0, gt=0)
     shadow_page_size: int = Field(default=50, ge=1, le=500)
     shadow_min_pairs: int = Field(default=20, ge=1)
+    # Beating the serving version (serving_baseline.py): an auto-deployed version becomes its
+    # served name's canary only if its mean is at least the serving version's + this, on the
+    # same items. 0: not worse is enough, as the canary's own traffic and rollback decide next;
+    # raise it to ask for a gain beyond the noise of one item (1/items of the mean).
+    serving_margin: float = Field(default=0.0, ge=0, le=1)
 
     def hoster(self, settings: Settings) -> str:
         if self.hoster_url:

@@ -67,6 +67,15 @@ class Decision:
     # then on it too), and how many items that was.
     rescored: dict[int, float] = field(default_factory=dict)
     rescored_items: int | None = None
+    # A judged job whose choice fell back to the deterministic scores (judging.settle): what
+    # the serving version is compared on.
+    judge_fallback: bool = False
+    # An auto-deploying job whose served name has a primary (serving_baseline.py): that
+    # version, its score on the items best_score was measured on, and whether this one beats it.
+    serving_version_id: str | None = None
+    serving_score: float | None = None
+    serving_items: int | None = None
+    beats_serving: bool | None = None
 
 
 def decide(

@@ -40,6 +40,19 @@ class Engine:
 
 
 @dataclass(frozen=True)
+class Serving:
+    """The deployment answering a served name (its primary) and the registry version it serves
+    (`version_id` None: a catalogue base is deployed under the name)."""
+
+    deployment_id: str
+    version_id: str | None
+    version: int | None
+    model: str
+    base_model: str | None
+    checkpoint_uri: str | None
+
+
+@dataclass(frozen=True)
 class Output:
     """An item's answer: what the model said, how long it took, or the engine's refusal."""
 
@@ -49,7 +62,8 @@ class Output:
 
 
 class HosterClient:
-    """`POST /internal/engines`, `POST /internal/engines/{id}/checkpoints`, `DELETE` one."""
+    """`POST /internal/engines`, `POST /internal/engines/{id}/checkpoints`, `DELETE` one, and
+    `GET /internal/tenants/{tenant}/served_names/{name}` (what serves a name)."""
 
     def __init__(self, base_url: str, token: str, *, timeout_s: float = 600.0) -> None:
         # Loading a checkpoint may pull, verify and merge it before answering: a long timeout.
@@ -87,14 +101,38 @@ class HosterClient:
                 f"hoster POST /internal/engines: unexpected answer {data!r}"
             ) from None
 
-    async def load_checkpoint(self, engine_id: str, *, uri: str, step: int) -> str:
-        """The model name to send for this checkpoint, once the engine answers with it."""
-        data = await self._call(
-            "POST", f"/internal/engines/{engine_id}/checkpoints", {"uri": uri, "step": step}
-        )
+    async def load_checkpoint(
+        self, engine_id: str, *, uri: str, step: int, version_id: str | None = None
+    ) -> str:
+        """The model name to send for this checkpoint, once the engine answers with it.
+        `version_id`: a registered version's checkpoint (loaded under its id, not a step)."""
+        body: dict[str, Any] = {"uri": uri, "step": step}
+        if version_id is not None:
+            body["version_id"] = version_id
+        data = await self._call("POST", f"/internal/engines/{engine_id}/checkpoints", body)
         if not isinstance(data, dict) or not isinstance(data.get("model"), str):
             raise EngineNotReady(f"hoster: load of step {step} answered {data!r}")
         return str(data["model"])
+
+    async def serving(self, tenant: str, name: str) -> Serving | None:
+        """What serves the tenant's served name now (its primary); None when nothing does."""
+        data = await self._call("GET", f"/internal/tenants/{tenant}/served_names/{name}")
+        try:
+            primary = data["primary"]
+            if primary is None:
+                return None
+            return Serving(
+                deployment_id=str(primary["deployment_id"]),
+                version_id=primary["version_id"],
+                version=primary["version"],
+                model=str(primary["model"]),
+                base_model=primary["base_model"],
+                checkpoint_uri=primary["checkpoint_uri"],
+            )
+        except (KeyError, TypeError):
+            raise EngineNotReady(
+                f"hoster GET served name {name!r}: unexpected answer {data!r}"
+            ) from None
 
     async def delete(self, engine_id: str) -> None:
         try:

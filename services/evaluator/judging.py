@@ -372,4 +372,6 @@ class Judging:
         )
         grader = DETERMINISTIC.get(job.task_kind, "deterministic")
         note = f"Checkpoint choice fell back to the deterministic {grader} scores: {why}."
-        return dataclasses.replace(redo, gate_reason=f"{note} {redo.gate_reason}")
+        return dataclasses.replace(
+            redo, gate_reason=f"{note} {redo.gate_reason}", judge_fallback=True
+        )

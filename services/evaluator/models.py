@@ -122,6 +122,25 @@ class EvalRescoreRow(SQLModel, table=True):
     scored_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
+class EvalServingRow(SQLModel, table=True):
+    """The version serving an auto-deploying job's served name, scored on the items the job's
+    best score was measured on (serving_baseline.py): its mean over `items` and its outputs as
+    JSONL. One per (job, version): a restart that finds another version serving scores that."""
+
+    __tablename__ = "evaluator_serving_baselines"
+
+    job_id: str = Field(primary_key=True, max_length=64)
+    version_id: str = Field(primary_key=True, max_length=64)
+    version: int | None = None
+    model: str = Field(max_length=256)
+    checkpoint_uri: str = Field(max_length=1024)
+    score: float
+    items: int
+    outputs_uri: str = Field(max_length=1024)
+    duration_s: float
+    scored_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
 # --- the Evals API (OpenAI's shape: services/evaluator/evals/) ---------------------------------
 
 

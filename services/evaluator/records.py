@@ -16,6 +16,7 @@ from services.evaluator.models import (
     EvalPointRow,
     EvalRescoreRow,
     EvalResultRow,
+    EvalServingRow,
 )
 from services.evaluator.scoring import ItemResult
 from services.evaluator.subset import EvalItem
@@ -200,6 +201,16 @@ def rescores(engine: Engine, job_id: str) -> list[EvalRescoreRow]:
 
 def store_rescore(engine: Engine, row: EvalRescoreRow) -> None:
     """Store a re-score; one stored before for the same step is replaced."""
+    with session_scope(engine) as session:
+        session.merge(row)
+
+
+def serving_baseline(engine: Engine, job_id: str, version_id: str) -> EvalServingRow | None:
+    with session_scope(engine) as session:
+        return session.get(EvalServingRow, (job_id, version_id))
+
+
+def store_serving_baseline(engine: Engine, row: EvalServingRow) -> None:
     with session_scope(engine) as session:
         session.merge(row)
 

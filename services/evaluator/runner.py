@@ -20,8 +20,14 @@ from dataclasses import asdict
 
 from sqlalchemy.engine import Engine as DbEngine
 
-from services.evaluator import decision, overfit, records, rescoring, scoring
-from services.evaluator.engine_client import Engine, HosterClient, HosterRefused, generate
+from services.evaluator import decision, overfit, records, rescoring, scoring, serving_baseline
+from services.evaluator.engine_client import (
+    Engine,
+    HosterClient,
+    HosterRefused,
+    Serving,
+    generate,
+)
 from services.evaluator.judging import Judging
 from services.evaluator.models import BASE_STEP, EvalJobRow, EvalPointRow
 from services.evaluator.subset import EvalItem, SubsetError, build_subset
@@ -54,6 +60,11 @@ def outputs_key(tenant: str, job_id: str, step: int, part: str = "") -> str:
     return f"tenants/{tenant}/jobs/{job_id}/evals/{name}{part}.jsonl"
 
 
+def serving_key(tenant: str, job_id: str, version: str) -> str:
+    """Where the serving version's answers to the job's items are kept."""
+    return f"tenants/{tenant}/jobs/{job_id}/evals/serving-{version}.jsonl"
+
+
 def _same_tenant(job: EvalJobRow | None, tenant: str) -> None:
     if job is not None and job.tenant != tenant:
         raise PermanentError(f"tenant: job {job.job_id} is not tenant {tenant!r}'s")
@@ -73,11 +84,13 @@ class Evaluator:
         rescore_top: int = 3,
         rescore_max_items: int = 200,
         judging: Judging | None = None,
+        serving_margin: float = 0.0,
     ) -> None:
         self.db, self.store, self.hoster, self.publish = db, store, hoster, publish
         self.concurrency, self.request_timeout_s = concurrency, request_timeout_s
         self.overfit_rule = overfit_rule or overfit.Rule()
         self.rescore_top, self.rescore_max_items = rescore_top, rescore_max_items
+        self.serving_margin = serving_margin
         self._locks: dict[str, asyncio.Lock] = {}
         self.judging = judging  # the LLM judge (judging.py); None: deterministic graders only
 
@@ -200,9 +213,10 @@ class Evaluator:
         step: int,
         items: list[EvalItem] | None = None,
         part: str = "",
+        key: str | None = None,
     ) -> tuple[list[scoring.ItemResult], float, str]:
         """Generate and grade the subset (or `items`); store the outputs as JSONL (the key's
-        `part` after the step). (results, mean, uri)"""
+        `part` after the step, or `key`). (results, mean, uri)"""
         if items is None:
             items = await asyncio.to_thread(records.items, self.db, job.job_id)
         outputs = await generate(
@@ -217,7 +231,7 @@ class Evaluator:
         score = scoring.mean_score(results)
         if self.judging is not None:
             results, score = await self.judging.grade(job, results, score)
-        key = outputs_key(job.tenant, job.job_id, step, part)
+        key = key or outputs_key(job.tenant, job.job_id, step, part)
         body = scoring.outputs_jsonl(results)
         await asyncio.to_thread(self.store.put_bytes, key, body, content_type="application/jsonl")
         return results, score, self.store.uri(key)
@@ -391,7 +405,43 @@ class Evaluator:
             rescored=rescored,
         )
         # A judged job: the judge's choice only while it is trusted (judging.settle).
-        return await self.judging.settle(job, made) if self.judging is not None else made
+        if self.judging is not None:
+            made = await self.judging.settle(job, made)
+        return await serving_baseline.against_serving(
+            self.db, self.store, self.hoster, job, made,
+            margin=self.serving_margin, max_items=self.rescore_max_items,
+            score=lambda serving, items: self._score_serving(job, serving, items),
+        )  # fmt: skip
+
+    async def _score_serving(
+        self, job: EvalJobRow, serving: Serving, items: list[EvalItem]
+    ) -> tuple[list[scoring.ItemResult], str]:
+        """The serving version's answers to `items`, graded as the job's: its checkpoint loaded
+        in the job's eval engine (another base's engine for a version of another base, given
+        back after), or the base itself when a catalogue base is what serves."""
+        base = serving.base_model or serving.model
+        own = base == job.base_model
+        engine = (
+            await self._engine(job)
+            if own
+            else await self.hoster.engine(tenant=job.tenant, job_id=job.job_id, base_model=base)
+        )
+        try:
+            if serving.version_id is None:
+                model = engine.base_model_name
+            elif serving.checkpoint_uri is None:
+                raise HosterRefused(f"version {serving.version_id} has no checkpoint URI")
+            else:
+                model = await self.hoster.load_checkpoint(
+                    engine.engine_id, uri=serving.checkpoint_uri, step=0,
+                    version_id=serving.version_id,
+                )  # fmt: skip
+            key = serving_key(job.tenant, job.job_id, serving.version_id or serving.model)
+            results, _, uri = await self._run(job, engine.base_url, model, 0, items, key=key)
+        finally:
+            if not own:
+                await self.hoster.delete(engine.engine_id)
+        return results, uri
 
     async def _rescored(
         self, job: EvalJobRow, scores: dict[int, float], uris: dict[int, str]
@@ -429,6 +479,9 @@ class Evaluator:
                 gate=made["gate"],
                 gate_reason=made["gate_reason"],
                 auto_deploy=job.auto_deploy,
+                serving_version_id=made.get("serving_version_id"),
+                serving_score=made.get("serving_score"),
+                beats_serving=made.get("beats_serving"),
             )
         )
         await asyncio.to_thread(records.update_job, self.db, job.job_id, decision_published=True)

@@ -1,14 +1,16 @@
 """HTTP routes of the hoster service: the model registry (`/v1/models`), deployments
 (`/v1/deployments`), served names and their canaries (`/v1/served_names`), and the internal eval-engine API the evaluator calls (`/internal/engines`,
 service token only, never routed by the gateway) with the gateway's wake of a cold deployment
-(`/internal/deployments/{id}/wake`)."""
+(`/internal/deployments/{id}/wake`), and what serves a tenant's served name
+(`/internal/tenants/{tenant}/served_names/{name}`: the evaluator's, before a retrained version
+may become its canary)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Path, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlmodel import Session
@@ -21,7 +23,7 @@ from services.hoster.state import Hoster
 from shared import auth
 from shared.db import get_session
 from shared.events import CanaryPolicy, PairwiseScore
-from shared.tenancy import TenantId
+from shared.tenancy import TENANT_PATTERN, TenantId
 
 _ERROR_TYPES = {404: "invalid_request_error", 409: "conflict", 422: "invalid_request_error"}
 
@@ -263,10 +265,32 @@ class CheckpointLoad(BaseModel):
     model_config = ConfigDict(extra="forbid")
     uri: str = Field(min_length=1, max_length=1024)
     step: int = Field(ge=0)
+    # A registered version's checkpoint (the serving one the evaluator compares a job with):
+    # loaded under the version's id instead of a step of the job.
+    version_id: str | None = Field(default=None, pattern=r"^mv-[a-z0-9]{1,60}$")
 
 
 class CheckpointModel(BaseModel):
     model: str
+
+
+class ServingVersion(BaseModel):
+    """What answers a served name now (its primary): the evaluator scores it beside a retrained
+    version of the name before that version may become its canary."""
+
+    deployment_id: str
+    version_id: str | None = Field(description="the registry version; null for a catalogue base")
+    version: int | None = Field(description="its number under its ft: name")
+    model: str = Field(description="the name its engine answers to (ft: name or catalogue id)")
+    base_model: str | None = Field(description="the catalogue base it was tuned from")
+    checkpoint_uri: str | None = Field(
+        description="the checkpoint it was registered from, which an eval engine loads"
+    )
+
+
+class ServedNow(BaseModel):
+    name: str
+    primary: ServingVersion | None = Field(description="null: nothing serves the name")
 
 
 # --- tenant routes ------------------------------------------------------------------------------
@@ -445,7 +469,7 @@ async def load_checkpoint(
     engine_id: str, body: CheckpointLoad, hoster: HosterDep
 ) -> CheckpointModel:
     name = await asyncio.to_thread(
-        hoster.eval_engines.add_checkpoint, engine_id, body.uri, body.step
+        hoster.eval_engines.add_checkpoint, engine_id, body.uri, body.step, body.version_id
     )
     return CheckpointModel(model=name)
 
@@ -455,6 +479,26 @@ async def load_checkpoint(
 async def close_engine(engine_id: str, hoster: HosterDep) -> Response:
     await asyncio.to_thread(hoster.eval_engines.close, engine_id)
     return Response(status_code=204)
+
+
+@internal.get("/tenants/{tenant}/served_names/{name}", response_model=ServedNow,
+              summary="What serves a tenant's served name now (the evaluator's)")  # fmt: skip
+def serving_version(
+    tenant: Annotated[str, Path(pattern=TENANT_PATTERN)], name: str, session: SessionDep
+) -> ServedNow:
+    found = registry.serving(session, tenant, name)
+    if found is None:
+        return ServedNow(name=name, primary=None)
+    deployment, version = found
+    primary = ServingVersion(
+        deployment_id=deployment.id,
+        version_id=deployment.version_id,
+        version=version.version if version else None,
+        model=deployment.served_model_name,
+        base_model=version.base_model if version else None,
+        checkpoint_uri=version.checkpoint_uri if version else None,
+    )
+    return ServedNow(name=name, primary=primary)
 
 
 @internal.post("/deployments/{deployment_id}/wake", response_model=DeploymentObject,

@@ -35,7 +35,8 @@ class EvalEngine:
     job_id: str
     base_model: str
     engine: LoraEngine
-    models: dict[int, str] = field(default_factory=dict)  # step -> served model name
+    # step (or a registered version's id) -> served model name
+    models: dict[int | str, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -43,9 +44,9 @@ class EvalEngine:
         return self.engine.engine_id
 
 
-def checkpoint_model_name(job_id: str, step: int) -> str:
-    """The model string an eval engine answers to for a checkpoint."""
-    return f"{job_id}:ckpt-step-{step}"
+def checkpoint_model_name(job_id: str, step: int, version_id: str | None = None) -> str:
+    """The model string an eval engine answers to for a checkpoint (or a registered version)."""
+    return f"{job_id}:{version_id}" if version_id is not None else f"{job_id}:ckpt-step-{step}"
 
 
 class EvalEngines:
@@ -108,26 +109,32 @@ class EvalEngines:
             raise NotFound(f"engine {engine_id!r} not found")
         return entry
 
-    def add_checkpoint(self, engine_id: str, uri: str, step: int) -> str:
+    def add_checkpoint(
+        self, engine_id: str, uri: str, step: int, version_id: str | None = None
+    ) -> str:
         """Pull and verify the checkpoint, load it into the engine (unloading the one scored
-        before); its model name."""
+        before); its model name. `version_id`: a registered version's checkpoint (the version
+        serving the job's served name, which the evaluator compares it with), named for the
+        version rather than a step of this job."""
         entry = self.get(engine_id)
         uri = artifacts.check_uri(uri, tenant=entry.tenant, bucket=self.store.bucket)
-        name = checkpoint_model_name(entry.job_id, step)
+        key: int | str = version_id if version_id is not None else step
+        name = checkpoint_model_name(entry.job_id, step, version_id)
         with entry.lock:
-            if step not in entry.models:
-                pulled = artifacts.pull(self.store, uri, self._pull_dir(entry, step))
+            if key not in entry.models:
+                pulled = artifacts.pull(self.store, uri, self._pull_dir(entry, key))
                 entry.engine.load_model(name, pulled.model_dir)
-                for earlier in [s for s in entry.models if s != step]:
+                for earlier in [k for k in entry.models if k != key]:
                     entry.engine.unload_model(entry.models.pop(earlier))
                     shutil.rmtree(self._pull_dir(entry, earlier), ignore_errors=True)
-                entry.models[step] = name
+                entry.models[key] = name
         entry.engine.warm_up(name)
         return name
 
     @staticmethod
-    def _pull_dir(entry: EvalEngine, step: int) -> Path:
-        return entry.engine.models_dir.parent / "pulls" / f"step-{step}"
+    def _pull_dir(entry: EvalEngine, key: int | str) -> Path:
+        folder = f"step-{key}" if isinstance(key, int) else key
+        return entry.engine.models_dir.parent / "pulls" / folder
 
     def close(self, engine_id: str) -> None:
         with self._lock:

@@ -15,7 +15,7 @@ from sqlmodel import Session, col, select
 
 from services.hoster import aliases
 from services.hoster.errors import BadRequest, Conflict, NotFound
-from services.hoster.models import Deployment, ModelVersion
+from services.hoster.models import Deployment, ModelVersion, ServedName
 from shared.catalogue import CATALOGUE
 from shared.db import utcnow
 from shared.events import EvalDecided, ModelRegistered
@@ -95,6 +95,20 @@ def registered_event(version: ModelVersion) -> ModelRegistered:
         scores={k: v for k, v in scores.items() if v is not None},
         gate=version.gate,
     )
+
+
+def serving(
+    session: Session, tenant: str, name: str
+) -> tuple[Deployment, ModelVersion | None] | None:
+    """The deployment that answers served name `name` now (its primary) and the registry
+    version it serves (None for a catalogue base); None when nothing does. For the evaluator,
+    which compares a retrained version with it before it may become the name's canary."""
+    row = session.get(ServedName, (tenant, name))
+    primary = session.get(Deployment, row.primary_id) if row and row.primary_id else None
+    if primary is None:
+        return None
+    version = session.get(ModelVersion, primary.version_id) if primary.version_id else None
+    return primary, version
 
 
 def resolve(

@@ -35,6 +35,7 @@ from shared.events import (
     Event,
     ShadowScored,
 )
+from shared.ft_names import job_suffix
 from shared.settings import Settings
 from shared.storage import ObjectStore
 
@@ -133,7 +134,8 @@ class Hoster:
     # -- registry ---------------------------------------------------------------------------
     async def register(self, event: EvalDecided) -> None:
         """EvalDecided -> a registered version (once), ModelRegistered, and with auto_deploy and
-        a gate not rejecting it, a deployment."""
+        a gate not rejecting it, a deployment: under a served name that has a primary, as its
+        canary only when the evaluator did not find it worse than that primary."""
         try:  # S3 unreachable (StorageError) is retried; a checkpoint never committed is not
             digest = await asyncio.to_thread(
                 artifacts.checkpoint_digest, self.store, event.best_checkpoint_uri
@@ -153,11 +155,21 @@ class Hoster:
         await self.publish(registered)
         if event.auto_deploy and event.gate != "rejected":
             # Under the job's suffix, if it has one: a name already served gets the new version
-            # as a canary (promoted or rolled back on its numbers), never as a replacement.
+            # as a canary (promoted or rolled back on its numbers), never as a replacement, and
+            # only if it scored at least as well as the version serving it on the same eval
+            # items (the evaluator's `beats_serving`; None: not compared).
             name = job_suffix(version.name)
             canary = bool(name) and await asyncio.to_thread(
                 self.served.has_primary, event.tenant, name
             )
+            if canary and event.beats_serving is False:
+                log.info(
+                    "%s v%d registered, not deployed as %s's canary: %.3f against the serving "
+                    "version %s's %.3f",
+                    version.name, version.version, name, event.best_score or 0.0,
+                    event.serving_version_id, event.serving_score or 0.0,
+                )  # fmt: skip
+                return
             await self.deploy(
                 event.tenant,
                 version.id,
@@ -320,10 +332,3 @@ class Hoster:
         )
         await self._publish_all(await asyncio.to_thread(self.served.stopped, deployment.id))
         return deployment
-
-
-def job_suffix(fine_tuned: str) -> str:
-    """The suffix of `ft:<base>:<suffix>:<job>` ("" when none), counted from the end: a
-    tenant's own base is an s3:// URI, colons and all."""
-    parts = fine_tuned.rsplit(":", 2)
-    return parts[1] if len(parts) == 3 else ""

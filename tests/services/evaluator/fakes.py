@@ -1,5 +1,5 @@
 """Stand-ins for what the hoster provides while the real one is being built: its three internal
-eval-engine routes, exactly as the contract (/work notes loop.md) states them, and an engine
+eval-engine routes and what serves a served name, exactly as the contract (/work notes loop.md) states them, and an engine
 speaking OpenAI chat completions whose answers are as good as each model's `skill`.
 
 The engine reads the ticket number from the prompt ("Ticket N: ...") and answers the reference
@@ -51,6 +51,9 @@ class FakeHoster:
     calls: list[HosterCall] = field(default_factory=list)
     completions: list[dict[str, Any]] = field(default_factory=list)
     engines: dict[str, str] = field(default_factory=dict)  # job id -> engine id
+    # (tenant, served name) -> its primary, as GET /internal/tenants/{t}/served_names/{n}
+    # answers it; a name not here has none
+    serving: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     in_flight: int = 0
     most_in_flight: int = 0
 
@@ -99,6 +102,8 @@ class FakeHoster:
         if step in self.loading_once:
             self.loading_once.discard(step)
             return JSONResponse({"detail": "engine is loading"}, status_code=503)
+        if call.body.get("version_id"):  # a registered version: named for it, not a step
+            return JSONResponse({"model": f"ver-{call.body['version_id']}"})
         return JSONResponse({"model": f"ckpt-{step}"})
 
     async def delete_engine(self, request: Request) -> Response:
@@ -110,6 +115,13 @@ class FakeHoster:
             return JSONResponse({"detail": "engine_id: no such engine"}, status_code=404)
         self.engines = {j: e for j, e in self.engines.items() if e != engine_id}
         return Response(status_code=204)
+
+    async def served_name(self, request: Request) -> Response:
+        _, refused = await self._record(request)
+        if refused is not None:
+            return refused
+        tenant, name = request.path_params["tenant"], request.path_params["name"]
+        return JSONResponse({"name": name, "primary": self.serving.get((tenant, name))})
 
     def _answer(self, model: str, prompt: str) -> str:
         found = _TICKET.search(prompt)
@@ -159,6 +171,11 @@ class FakeHoster:
                     methods=["POST"],
                 ),
                 Route("/internal/engines/{engine_id}", self.delete_engine, methods=["DELETE"]),
+                Route(
+                    "/internal/tenants/{tenant}/served_names/{name}",
+                    self.served_name,
+                    methods=["GET"],
+                ),
                 Route(
                     "/engines/{engine_id}/v1/chat/completions",
                     self.chat_completions,

@@ -323,3 +323,63 @@ async def test_an_event_that_can_never_be_handled_is_dead_lettered_naming_why(
     assert "uri: scheme of 'file:///etc/passwd' must be 's3://'" in reasons[1]
     assert f"tenant: job {scored_job} is not tenant {other!r}'s" in reasons[0]
     assert 40 not in [p["step"] for p in loop.of("completed", scored_job)]
+
+
+async def _decided_against(loop: Loop, dataset_uri: str, step: int) -> dict[str, Any]:
+    """A job of `step` steps with one checkpoint (its last), auto-deployed under `demo`."""
+    job_id = f"ftjob-{uuid.uuid4().hex[:12]}"
+    plan = _plan(loop, job_id, dataset_uri, eval_every=step).model_copy(update={"steps": step})
+    await loop.publish(plan)
+    last = _checkpoint(loop, job_id, step)
+    await loop.publish(last)
+    await loop.publish(
+        TrainingCompleted(
+            tenant=loop.tenant, job_id=job_id, attempt_id="a1", artifact_uri=last.uri,
+            last_step=step, last_checkpoint_uri=last.uri,
+        )
+    )  # fmt: skip
+    await loop.wait_for(lambda: bool(loop.of("decided", job_id)))
+    (decided,) = loop.of("decided", job_id)
+    return decided
+
+
+async def test_an_auto_deployed_job_is_compared_with_the_version_serving_its_name(
+    loop: Loop, scored_job: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    uri = _dataset(loop.store, tmp_path_factory.mktemp("serving"), loop.tenant)
+    version = {
+        "deployment_id": "dep-1", "version_id": "mv-serving1", "version": 3,
+        "model": "ft:SmolLM2-135M-Instruct:demo:ftjob-old", "base_model": "SmolLM2-135M-Instruct",
+        "checkpoint_uri": loop.store.uri(f"tenants/{loop.tenant}/jobs/old/checkpoints/s/"),
+    }  # fmt: skip
+    loop.hoster.serving[(loop.tenant, "demo")] = version
+    loop.hoster.skill |= {"ver-mv-serving1": 0.9375, "ckpt-50": 0.875, "ckpt-60": 1.0}
+    try:
+        worse = await _decided_against(loop, uri, 50)
+        better = await _decided_against(loop, uri, 60)
+    finally:
+        del loop.hoster.serving[(loop.tenant, "demo")]
+    # The serving version's checkpoint, loaded under its id, answered the same 16 items.
+    loads = [c.body for c in loop.hoster.calls_to("POST", "/internal/engines/") if c.body]
+    assert [b for b in loads if b.get("version_id")] == [
+        {"uri": version["checkpoint_uri"], "step": 0, "version_id": "mv-serving1"}
+    ] * 2
+    assert sum(c["model"] == "ver-mv-serving1" for c in loop.hoster.completions) == 32
+    assert worse["gate"] == "passed"
+    assert (worse["best_score"], worse["serving_score"]) == (0.875, 0.9375)
+    assert (worse["serving_version_id"], worse["beats_serving"]) == ("mv-serving1", False)
+    assert worse["gate_reason"].endswith(
+        "The new version scored 0.875 on 16 eval items; the serving version v3 (mv-serving1) of "
+        "'demo' scored 0.938: not deployed as a canary (it must score at least the serving "
+        "version's score)."
+    )
+    assert (better["best_score"], better["serving_score"], better["beats_serving"]) == (
+        1.0, 0.9375, True,
+    )  # fmt: skip
+    assert better["gate_reason"].endswith("scored 0.938: it is deployed as the canary of 'demo'.")
+    # The serving version's answers are kept beside the job's.
+    key = f"tenants/{loop.tenant}/jobs/{worse['job_id']}/evals/serving-mv-serving1.jsonl"
+    assert len(loop.store.get_bytes(loop.store.uri(key)).splitlines()) == 16
+    # Nothing serves the name (the other jobs of this module): nothing compared.
+    (first,) = loop.of("decided", scored_job)
+    assert (first["serving_version_id"], first["beats_serving"]) == (None, None)

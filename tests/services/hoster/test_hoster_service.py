@@ -380,3 +380,86 @@ async def test_an_engine_that_dies_is_started_again_and_announced_at_its_new_add
     assert answer.choices[0].finish_reason is not None
     assert hoster.get(f"/v1/deployments/{deployment_id}").json()["status"] == "ready"
     hoster.send("DELETE", f"/v1/deployments/{deployment_id}")
+
+
+async def test_a_version_the_evaluator_found_worse_than_the_serving_one_is_not_its_canary(
+    hoster: Hoster, broker: NatsBroker
+) -> None:
+    """The evaluator reads what serves a name (the internal route), loads that version's
+    checkpoint in an eval engine under its id, and says whether the new version beats it: a
+    worse one is registered only, a better one becomes the canary."""
+
+    def changed(revision: int) -> Callable[[dict[str, Any]], bool]:
+        return lambda event: event["name"] != "reports" or event["revision"] != revision
+
+    async def decide(job: str, seed: int, **overrides: Any) -> dict[str, Any]:
+        uri = store_checkpoint(
+            hoster.store, hoster.work, tenant=hoster.tenant, job_id=job, step=10, seed=seed
+        )
+        name = f"ft:{BASE_ID}:reports:{job}"
+        event = decision(hoster.tenant, job, uri, fine_tuned_model=name, **overrides)
+        await bus.publish(broker, event)
+        return await next_event(broker, ModelRegistered, hoster.tenant, MODELS.name, 60,
+                                skip=lambda e: e["model_id"] != name)  # fmt: skip
+
+    path = "/internal/tenants/{}/served_names/reports"
+    nothing = hoster.send("GET", path.format(hoster.tenant), headers=SERVICE_TOKEN)
+    assert nothing.json() == {"name": "reports", "primary": None}
+    serving = await decide("ftjob-reports-1", 1)
+    state = await next_event(
+        broker, ServedNameChanged, hoster.tenant, DEPLOYMENTS.name, 300, skip=changed(1)
+    )
+    found = hoster.send("GET", path.format(hoster.tenant), headers=SERVICE_TOKEN).json()
+    assert found["primary"] == {
+        "deployment_id": state["primary"]["deployment_id"],
+        "version_id": serving["version_id"], "version": 1,
+        "model": f"ft:{BASE_ID}:reports:ftjob-reports-1", "base_model": BASE_ID,
+        "checkpoint_uri": serving["artifact_uri"],
+    }  # fmt: skip
+    assert hoster.send("GET", path.format(hoster.tenant)).status_code == 401  # a tenant's key
+    other = hoster.send("GET", path.format("tother00001"), headers=SERVICE_TOKEN)
+    assert other.json()["primary"] is None  # another tenant's name of the same spelling
+    assert hoster.send("GET", path.format("Bad!"), headers=SERVICE_TOKEN).status_code == 422
+
+    # The registered artifact loads in an eval engine as a checkpoint, under the version's id.
+    body = {"tenant": hoster.tenant, "job_id": "ftjob-reports-3", "base_model": BASE_ID}
+    engine = hoster.send("POST", "/internal/engines", json=body, headers=SERVICE_TOKEN).json()
+    load = {"uri": serving["artifact_uri"], "step": 0, "version_id": serving["version_id"]}
+    loaded = hoster.send("POST", f"/internal/engines/{engine['engine_id']}/checkpoints",
+                         json=load, headers=SERVICE_TOKEN)  # fmt: skip
+    assert loaded.json() == {"model": f"ftjob-reports-3:{serving['version_id']}"}
+    client = openai.OpenAI(base_url=engine["base_url"], api_key="unused", max_retries=0)
+    messages: Any = [{"role": "user", "content": "Hi"}]
+    assert client.chat.completions.create(
+        model=loaded.json()["model"], messages=messages, max_tokens=2
+    ).choices
+    hoster.send("DELETE", f"/internal/engines/{engine['engine_id']}", headers=SERVICE_TOKEN)
+
+    said = "The new version scored 0.810 ...: not deployed as a canary."
+    worse = await decide(
+        "ftjob-reports-2", 2, best_score=0.81, serving_version_id=serving["version_id"],
+        serving_score=0.84, beats_serving=False, gate_reason=said,
+    )  # fmt: skip
+    # The hoster says why in its log once it has decided; then nothing was deployed for it.
+    line = f"{worse['model_id']} v1 registered, not deployed as reports's canary"
+    async with asyncio.timeout(30):
+        while line not in hoster.process.log():
+            await asyncio.sleep(0.1)
+    versions = [d["version_id"] for d in hoster.get("/v1/deployments").json()["data"]]
+    assert worse["version_id"] not in versions
+    assert hoster.get("/v1/served_names/reports").json()["canary"] is None
+    listed = hoster.get(f"/v1/models/{worse['version_id']}").json()
+    assert listed["gate_reason"] == said  # registered, with the evaluator's words
+
+    better = await decide(
+        "ftjob-reports-3", 3, serving_version_id=serving["version_id"], serving_score=0.84,
+        beats_serving=True,
+    )  # fmt: skip
+    state = await next_event(
+        broker, ServedNameChanged, hoster.tenant, DEPLOYMENTS.name, 300, skip=changed(2)
+    )
+    assert state["canary"]["version_id"] == better["version_id"]
+    assert state["primary"]["version_id"] == serving["version_id"]
+    for deployment in hoster.get("/v1/deployments").json()["data"]:
+        if deployment["served_name"] == "reports" and deployment["status"] == "ready":
+            hoster.send("DELETE", f"/v1/deployments/{deployment['id']}")

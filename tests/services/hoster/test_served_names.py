@@ -14,9 +14,9 @@ from sqlalchemy.engine.url import URL
 from services.hoster.errors import Conflict, NotFound
 from services.hoster.models import Deployment
 from services.hoster.served_names import ServedNames
-from services.hoster.state import job_suffix
 from shared.db import make_engine, session_scope
 from shared.events import CanaryFailed, CanaryPolicy, DeploymentRolledBack, ServedNameChanged
+from shared.ft_names import job_suffix
 
 
 @pytest.fixture
