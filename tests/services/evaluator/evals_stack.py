@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,22 +67,37 @@ PROMPT = {
 @dataclass
 class Upstream:
     """OpenAI's chat completions, answering by the question (ANSWERS, overridden per model by
-    `answers`); `REFUSE` in the question, or an answer of None, gets OpenAI's 400. A model in
-    `held` is not answered until a test takes it out."""
+    `answers`), or, for a model in `judges`, by what that function makes of the whole
+    conversation; `REFUSE` in the question, or an answer of None, gets OpenAI's 400. A call
+    whose model, or a text in whose question, is in `held` is not answered until a test takes
+    it out."""
 
     port: int = field(default_factory=free_port)
     requests: list[dict[str, Any]] = field(default_factory=list)
     answers: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    judges: dict[str, Callable[[list[dict[str, Any]]], str]] = field(default_factory=dict)
     held: set[str] = field(default_factory=set)
+
+    def _held(self, model: str, question: str) -> bool:
+        return model in self.held or any(text in question for text in self.held)
+
+    def sent_to(self, model: str) -> list[dict[str, Any]]:
+        """The requests that asked `model`, in order."""
+        return [body for body in self.requests if body["model"] == model]
 
     async def chat(self, request: Request) -> JSONResponse:
         body = await request.json()
         self.requests.append(body)
-        while body["model"] in self.held:
-            await asyncio.sleep(0.05)
         question = body["messages"][-1]["content"]
+        while self._held(body["model"], question):
+            await asyncio.sleep(0.05)
         table = ANSWERS | self.answers.get(body["model"], {})
-        text = next((a for q, a in table.items() if q in question), "I do not know.")
+        judge = self.judges.get(body["model"])
+        text = (
+            judge(body["messages"])
+            if judge is not None
+            else next((a for q, a in table.items() if q in question), "I do not know.")
+        )
         if "REFUSE" in question or text is None:
             error = {"message": "This prompt was refused.", "type": "invalid_request_error",
                      "param": "messages", "code": None}  # fmt: skip
@@ -104,21 +119,26 @@ class Stack:
     other: openai.OpenAI  # another tenant's
     key: str
     upstream: Upstream
+    evaluator: RunningProcess  # a test may restart it (stop, start: same ports, same database)
 
 
-def tenant_key(url: str, tenant: str) -> str:
+def tenant_key(url: str, tenant: str, scope: str = "write") -> str:
+    """A key of `tenant` (created if it is new) with `scope`."""
     httpx.post(f"{url}/v1/admin/tenants", json={"id": tenant, "name": tenant}, headers=ADMIN)
     response = httpx.post(
-        f"{url}/v1/admin/tenants/{tenant}/api_keys", json={"name": "evals"}, headers=ADMIN
+        f"{url}/v1/admin/tenants/{tenant}/api_keys",
+        json={"name": "evals", "scope": scope},
+        headers=ADMIN,
     )
     assert response.status_code == 201, response.text
     return str(response.json()["key"])
 
 
 @contextmanager
-def running(tmp: Path, infra: Settings) -> Iterator[Stack]:
+def running(tmp: Path, infra: Settings, extra_env: dict[str, str] | None = None) -> Iterator[Stack]:
     """Ingest and the evaluator as processes in `tmp`, the gateway routing `gpt-*` to the fake;
-    `infra`: the session's nats-server and S3 settings."""
+    `infra`: the session's nats-server and S3 settings; `extra_env`: more settings for both (e.g.
+    `TUNELOOP_EVALUATOR_EVALS_MAX_ITEMS`)."""
     settings = make_settings(tmp, infra=infra)
     db.migrate(settings.database_url)
     upstream = Upstream()
@@ -131,6 +151,7 @@ def running(tmp: Path, infra: Settings) -> Iterator[Stack]:
     (tmp / "upstreams.yaml").write_text(upstreams_yaml(f"http://127.0.0.1:{upstream.port}"))
     env = settings_env(settings) | upstream_key_env()
     env["TUNELOOP_INGEST_UPSTREAMS_FILE"] = str(tmp / "upstreams.yaml")
+    env |= extra_env or {}
     processes = []
     try:
         for name in ("ingest", "evaluator"):
@@ -147,6 +168,7 @@ def running(tmp: Path, infra: Settings) -> Iterator[Stack]:
             openai.OpenAI(base_url=f"{url}/v1", api_key=other, max_retries=0),
             key,
             upstream,
+            processes[-1],
         )
     finally:
         for process in reversed(processes):

@@ -1,494 +1,459 @@
-"""The Evals API's routes in one process: the evaluator's routers on a migrated SQLite file, a
-tenant's keys, runs executed by the real RunExecutor on the app's event loop, the model and
-ingest answered by httpx mock transports. Results are checked exactly; bad input is refused
-naming the field; another tenant sees nothing; a cancel stops a run; a restart finishes what
-it can without the caller's key and says why it stopped.
+"""The Evals API's routes through the gateway with the official `openai` SDK, on real processes
+(evals_stack.py: ingest as the gateway, the evaluator, nats-server, SeaweedFS, SQLite; only the
+OpenAI upstream is a fake). Results are checked exactly; bad input is refused naming the field;
+another tenant sees nothing and a read key changes nothing; a cancel stops a run whose calls are
+in flight; a restart of the evaluator process finishes what it can without the caller's key and
+says why it stopped.
 
-The same API through the gateway with the official SDK and real processes: test_evals_sdk.py.
+The main flow (five items graded by four criteria, an uploaded file, the calls captured with
+their tag) is test_evals_sdk.py's; versions side by side test_evals_compare.py's.
 """
 
 from __future__ import annotations
 
-import asyncio
+import io
 import json
-import shutil
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from fastapi import FastAPI
-from fastapi.testclient import TestClient
-from sqlalchemy.engine import Engine
 
-from services.evaluator import api as job_api
-from services.evaluator import judge
-from services.evaluator.evals import api, sources, store
-from services.evaluator.evals.runs import RunExecutor
-from services.evaluator.evals.serving import Evals
-from services.evaluator.models import EvalsOutputItemRow, EvalsRunRow
-from shared import auth
-from shared.db import make_engine, session_scope
+from shared import localstack
+from shared.settings import Settings
+from tests.plugins.infra import RunningProcess
+from tests.services.evaluator.evals_stack import (
+    CRITERIA,
+    ITEM_SCHEMA,
+    QUESTIONS,
+    Stack,
+    completions_run,
+    create_eval,
+    running,
+    tenant_key,
+    until_done,
+)
 
-ITEM_SCHEMA = {
-    "type": "object",
-    "properties": {"question": {"type": "string"}, "answer": {"type": "string"}},
-    "required": ["question", "answer"],
-}
-CRITERIA = [
-    {"type": "string_check", "name": "exact", "input": "{{sample.output_text}}",
-     "reference": "{{item.answer}}", "operation": "eq"},
-    {"type": "text_similarity", "name": "close", "input": "{{sample.output_text}}",
-     "reference": "{{item.answer}}", "evaluation_metric": "fuzzy_match", "pass_threshold": 0.8},
-]  # fmt: skip
-ANSWERS = {"capital of France?": "Paris", "2 + 2?": "4", "largest planet?": "Jupiter!"}
-ITEMS = [
-    {"question": "capital of France?", "answer": "Paris"},
-    {"question": "2 + 2?", "answer": "5"},
-    {"question": "largest planet?", "answer": "Jupiter"},
-    {"question": "REFUSE this one", "answer": "x"},
-]
+MAX_ITEMS = 40  # TUNELOOP_EVALUATOR_EVALS_MAX_ITEMS of this module's evaluator
+CHUNK = 32  # runs.py stores a run's items max(32, 4 x EVALS_CONCURRENCY) at a time
+JUDGE = "gpt-4o-judge"
+CONFIG = {"type": "custom", "item_schema": ITEM_SCHEMA, "include_sample_schema": True}
 
 
-@dataclass
-class FakeModel:
-    """A chat-completions endpoint: known questions answered, `REFUSE` a 400, else `?`."""
-
-    delay_s: float = 0.0
-    seen: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-
-    async def __call__(self, request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
-        self.seen.append((request.headers["authorization"], body))
-        await asyncio.sleep(self.delay_s)
-        question = body["messages"][-1]["content"]
-        if "REFUSE" in question:
-            error = {"message": "prompt refused", "type": "invalid_request_error"}
-            return httpx.Response(400, json={"error": error})
-        if body["model"] == "no-such-model":
-            return httpx.Response(404, json={"error": {"message": "model not found"}})
-        text = next((a for q, a in ANSWERS.items() if q in question), "?")
-        return httpx.Response(200, json=_completion(body["model"], text))
+def _verdict(messages: list[dict[str, Any]]) -> str:
+    """The judge: Paris is correct (0.9), anything else a 0.4, a garbled answer garbled twice."""
+    conversation = json.dumps(messages)
+    if "garbled" in conversation:
+        return "I think it is fine"
+    if any('{"label"' in m["content"] for m in messages):
+        label = "correct" if "Paris" in conversation else "incorrect"
+        return json.dumps({"label": label, "assessment": "checked against the reference"})
+    return json.dumps({"score": 0.9 if "Paris" in conversation else 0.4, "assessment": "close"})
 
 
-def _completion(model: str, text: str) -> dict[str, Any]:
-    return {
-        "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": model,
-        "choices": [{"index": 0, "finish_reason": "stop",
-                     "message": {"role": "assistant", "content": text}}],
-        "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9},
-    }  # fmt: skip
+@pytest.fixture(scope="module")
+def stack(
+    nats_server: RunningProcess,
+    s3_server: RunningProcess,
+    stack_settings: Settings,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Stack]:
+    limit = {"TUNELOOP_EVALUATOR_EVALS_MAX_ITEMS": str(MAX_ITEMS)}
+    with running(tmp_path_factory.mktemp("evals-api"), stack_settings, limit) as started:
+        started.upstream.judges[JUDGE] = _verdict
+        yield started
 
 
-def _ingest(request: httpx.Request) -> httpx.Response:
-    """Ingest's file content and dataset export, for the key `tl_` callers send."""
-    if not request.headers.get("authorization", "").startswith("Bearer tl_"):
-        return httpx.Response(401, json={"detail": "no key"})
-    path = request.url.path
-    if path == "/v1/files/file-abc/content":
-        lines = [{"item": ITEMS[0], "sample": {"output_text": "Paris"}}, {"item": ITEMS[1]}]
-        return httpx.Response(200, content="\n".join(json.dumps(x) for x in lines).encode())
-    if path == "/v1/datasets/ds_1/export":
-        assert request.url.params["split"] == "eval"
-        sample = {"messages": [{"role": "user", "content": "capital of France?"},
-                               {"role": "assistant", "content": "Paris"}]}  # fmt: skip
-        return httpx.Response(200, content=json.dumps(sample).encode())
-    return httpx.Response(404, json={"detail": f"{path.rsplit('/', 2)[-2]!r} not found"})
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
 
 
-@dataclass
-class Harness:
-    client: TestClient
-    mine: dict[str, str]
-    theirs: dict[str, str]
-    reader: dict[str, str]
-    model: FakeModel
-    engine: Engine
-
-    def post(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
-        return self.client.post(f"/v1{path}", json=body, headers=headers or self.mine)
-
-    def get(self, path: str, headers: dict[str, str] | None = None, **params: Any) -> Any:
-        return self.client.get(f"/v1{path}", params=params, headers=headers or self.mine)
-
-    def until_done(self, eval_id: str, run_id: str) -> dict[str, Any]:
-        deadline = time.monotonic() + 20
-        while True:
-            run = self.get(f"/evals/{eval_id}/runs/{run_id}").json()
-            if run["status"] not in ("queued", "in_progress"):
-                return dict(run)
-            assert time.monotonic() < deadline, run
-            time.sleep(0.05)
-
-    def eval(self, **changes: Any) -> str:
-        body = {"name": "qa", "data_source_config": {"type": "custom", "item_schema": ITEM_SCHEMA,
-                "include_sample_schema": True}, "testing_criteria": CRITERIA} | changes  # fmt: skip
-        created = self.post("/evals", body)
-        assert created.status_code == 200, created.text
-        return str(created.json()["id"])
+def _template(*messages: tuple[str, str]) -> dict[str, Any]:
+    return {"type": "template", "template": [{"role": r, "content": c} for r, c in messages]}
 
 
-def _keys(engine: Engine) -> tuple[str, str, str]:
-    with session_scope(engine) as session:
-        for tenant in ("acme", "globex"):
-            auth.ensure_tenant(session, tenant_id=tenant)
-        _, mine = auth.issue_api_key(session, tenant_id="acme", name="t", scope="write")
-        _, reader = auth.issue_api_key(session, tenant_id="acme", name="r", scope="read")
-        _, theirs = auth.issue_api_key(session, tenant_id="globex", name="t", scope="write")
-    return mine, reader, theirs
+def _inline(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "file_content", "content": rows}
 
 
-def _openai(key: str, answer: Any) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(
-        base_url="http://gateway/v1", api_key=key, max_retries=0,
-        http_client=httpx.AsyncClient(transport=httpx.MockTransport(answer)),
-    )  # fmt: skip
+def _jsonl(client: openai.OpenAI, eval_id: str, rows: list[dict[str, Any]]) -> Any:
+    return client.evals.runs.create(eval_id, data_source={"type": "jsonl", "source": _inline(rows)})
 
 
-def _judge(key: str) -> judge.JudgeClient:
-    """The evaluator's judge client, its calls answered by `_verdict`."""
-    client = judge.JudgeClient(base_url="http://gateway/v1", api_key=key, purpose=None)
-    client._client = _openai(key, _verdict)  # the transport, swapped
-    return client
+def _judged_eval(client: openai.OpenAI) -> str:
+    messages = [{"role": "user", "content": "Question: {{item.question}} Reference: "
+                 "{{item.answer}} Answer: {{sample.output_text}}"}]  # fmt: skip
+    criteria: list[Any] = [
+        {"type": "label_model", "name": "right", "model": JUDGE, "input": messages,
+         "labels": ["correct", "incorrect"], "passing_labels": ["correct"]},
+        {"type": "score_model", "name": "quality", "model": JUDGE, "input": messages,
+         "range": [0, 1], "pass_threshold": 0.5},
+    ]  # fmt: skip
+    return client.evals.create(data_source_config=CONFIG, testing_criteria=criteria).id
 
 
-def _verdict(request: httpx.Request) -> httpx.Response:
-    """A judge: Paris is correct (0.9), Jupiter a 0.4, a garbled answer garbled twice."""
-    prompt = json.dumps(json.loads(request.content)["messages"])
-    if "garbled" in prompt:
-        reply = "I think it is fine"
-    elif "label" in prompt:
-        reply = json.dumps({"label": "correct" if "Paris" in prompt else "incorrect",
-                            "assessment": "checked against the reference"})  # fmt: skip
-    else:
-        reply = json.dumps({"score": 0.9 if "Paris" in prompt else 0.4, "assessment": "close"})
-    return httpx.Response(200, json=_completion("judge", reply))
+def _refusal(call: Callable[[], object]) -> tuple[int, str | None, str]:
+    """The status, OpenAI's `param` and the message of the error `call` raises."""
+    with pytest.raises(openai.APIStatusError) as caught:
+        call()
+    return caught.value.status_code, caught.value.param, caught.value.message
 
 
-def _app(engine: Engine, model: FakeModel) -> tuple[FastAPI, RunExecutor]:
-    executor = RunExecutor(
-        engine, gateway_url="http://gateway", concurrency=2, runs_at_once=2, timeout_s=5,
-        client_factory=lambda key, run_id: _openai(key, model), judge_factory=_judge,
-    )  # fmt: skip
-    reader = sources.IngestReader(
-        httpx.AsyncClient(transport=httpx.MockTransport(_ingest)), "http://ingest", max_bytes=10_000
-    )
-    app = FastAPI()
-    app.state.db_engine = engine
-    app.state.evals = Evals(engine, executor, reader, max_items=5)
-    app.include_router(job_api.router)
-    app.include_router(api.router)
-    api.add_error_handlers(app)
-    return app, executor
+def _items(client: openai.OpenAI, eval_id: str, run_id: str, **params: Any) -> list[Any]:
+    return client.evals.runs.output_items.list(run_id, eval_id=eval_id, limit=100, **params).data
 
 
-@pytest.fixture
-def harness(tmp_path: Path, sqlite_template: Path) -> Iterator[Harness]:
-    shutil.copyfile(sqlite_template, tmp_path / "tuneloop.db")
-    engine = make_engine(f"sqlite:///{tmp_path / 'tuneloop.db'}")
-    mine, reader, theirs = _keys(engine)
-    model = FakeModel()
-    app, _ = _app(engine, model)
-    bearer: Callable[[str], dict[str, str]] = lambda key: {"Authorization": f"Bearer {key}"}  # noqa: E731
-    with TestClient(app) as client:
-        yield Harness(client, bearer(mine), bearer(theirs), bearer(reader), model, engine)
-    engine.dispose()
-
-
-def _results(harness: Harness, eval_id: str, run_id: str) -> list[dict[str, Any]]:
-    page = harness.get(f"/evals/{eval_id}/runs/{run_id}/output_items", limit=100).json()
-    return list(page["data"])
-
-
-def test_a_completions_run_is_answered_graded_and_counted_exactly(harness: Harness) -> None:
-    eval_id = harness.eval()
-    fetched = harness.get(f"/evals/{eval_id}").json()
-    assert fetched["object"] == "eval"
-    assert fetched["data_source_config"]["schema"]["properties"]["item"] == ITEM_SCHEMA
-    run = harness.post(f"/evals/{eval_id}/runs", {"name": "gpt", "data_source": {
-        "type": "completions", "model": "gpt-4o-mini",
-        "source": {"type": "file_content", "content": [{"item": i} for i in ITEMS]},
-        "input_messages": {"type": "template", "template": [
-            {"role": "developer", "content": "Answer in one word."},
-            {"role": "user", "content": "Q: {{item.question}}"}]},
-        "sampling_params": {"temperature": 0, "max_completion_tokens": 16, "seed": 7}}})  # fmt: skip
-    assert run.status_code == 200, run.text
-    assert run.json()["status"] == "queued"
-    done = harness.until_done(eval_id, run.json()["id"])
-    assert done["status"] == "completed", done
-    assert done["result_counts"] == {"total": 4, "passed": 1, "failed": 2, "errored": 1}
-    assert done["per_testing_criteria_results"] == [
-        {"testing_criteria": "exact", "passed": 1, "failed": 2},
-        {"testing_criteria": "close", "passed": 2, "failed": 1},
+@pytest.mark.slow
+def test_the_prompt_sent_and_the_usage_counted_exactly(stack: Stack) -> None:
+    client, model = stack.client, "gpt-4o-prompted"
+    eval_id = create_eval(client)
+    prompt = _template(("developer", "Answer in one word."), ("user", "Q: {{item.question}}"))
+    run = client.evals.runs.create(eval_id, data_source={
+        "type": "completions", "model": model, "source": _inline([{"item": q} for q in QUESTIONS]),
+        "input_messages": prompt,
+        "sampling_params": {"temperature": 0, "max_completion_tokens": 16, "seed": 7}})  # fmt: skip
+    done = until_done(client, eval_id, run.id)
+    assert done.status == "completed", done
+    # Five calls, four answered (20 prompt and 3 completion tokens each), one refused.
+    assert [u.to_dict() for u in done.per_model_usage] == [{
+        "model_name": model, "invocation_count": 5, "prompt_tokens": 80,
+        "completion_tokens": 12, "total_tokens": 92, "cached_tokens": 0}]  # fmt: skip
+    sent = stack.upstream.sent_to(model)
+    assert len(sent) == 5
+    first = next(body for body in sent if "capital" in body["messages"][-1]["content"])
+    # A developer message goes out as system; the sampling values as given.
+    assert first["messages"] == [
+        {"role": "system", "content": "Answer in one word."},
+        {"role": "user", "content": "Q: What is the capital of France?"},
     ]
-    assert done["per_model_usage"] == [{
-        "model_name": "gpt-4o-mini", "invocation_count": 4, "prompt_tokens": 21,
-        "completion_tokens": 6, "total_tokens": 27, "cached_tokens": 0}]  # fmt: skip
-    sent = harness.model.seen[0][1]
-    assert sent["messages"][0] == {"role": "system", "content": "Answer in one word."}
-    assert sent["max_completion_tokens"] == 16
-    assert sent["seed"] == 7
-    assert all(key == harness.mine["Authorization"] for key, _ in harness.model.seen)
-    items = _results(harness, eval_id, done["id"])
-    assert [i["status"] for i in items] == ["pass", "fail", "fail", "error"]
-    paris, four, jupiter, refused = items
-    assert paris["sample"]["output"] == [{"role": "assistant", "content": "Paris"}]
-    assert paris["sample"]["input"][1] == {"role": "user", "content": "Q: capital of France?"}
-    assert [(r["name"], r["score"], r["passed"]) for r in four["results"]] == [
-        ("exact", 0.0, False), ("close", 0.0, False)]  # fmt: skip
-    assert jupiter["results"][1]["score"] == pytest.approx(14 / 15)  # "Jupiter!" vs "Jupiter"
-    assert jupiter["results"][1]["passed"] is True
-    assert refused["sample"]["error"] == {"code": "400", "message": "prompt refused"}
-    assert "prompt refused" in refused["results"][0]["error"]
-    assert refused["datasource_item"] == ITEMS[3]
-    one = harness.get(f"/evals/{eval_id}/runs/{done['id']}/output_items/{paris['id']}").json()
-    assert one == paris
-    failing = harness.get(f"/evals/{eval_id}/runs/{done['id']}/output_items", status="fail")
-    assert [i["datasource_item_id"] for i in failing.json()["data"]] == [1, 2]
+    assert (first["temperature"], first["max_completion_tokens"], first["seed"]) == (0, 16, 7)
+
+    items = _items(client, eval_id, run.id)
+    paris, refused = items[0], items[4]
+    assert paris.sample.to_dict()["output"] == [{"role": "assistant", "content": "Paris"}]
+    assert paris.sample.to_dict()["input"][1] == {
+        "role": "user", "content": "Q: What is the capital of France?"}  # fmt: skip
+    assert paris.sample.to_dict()["seed"] == 7
+    assert refused.sample.error.to_dict() == {"code": "400", "message": "This prompt was refused."}
+    assert refused.datasource_item == QUESTIONS[4]
+    one = client.evals.runs.output_items.retrieve(paris.id, eval_id=eval_id, run_id=run.id)
+    assert one.to_dict() == paris.to_dict()
+    assert [i.datasource_item_id for i in _items(client, eval_id, run.id, status="fail")] == [
+        1, 2, 3]  # fmt: skip
+    assert [i.datasource_item_id for i in _items(client, eval_id, run.id, status="error")] == [4]
 
 
-def test_jsonl_runs_from_content_a_file_and_a_dataset(harness: Harness) -> None:
-    eval_id = harness.eval()
-    content = [{"item": ITEMS[0], "sample": {"output_text": "Paris"}},
-               {"item": ITEMS[2], "sample": {"output_text": "Jupiter"}}]  # fmt: skip
-    run = harness.post(f"/evals/{eval_id}/runs", {"data_source": {
-        "type": "jsonl", "source": {"type": "file_content", "content": content}}}).json()  # fmt: skip
-    done = harness.until_done(eval_id, run["id"])
-    assert done["result_counts"] == {"total": 2, "passed": 2, "failed": 0, "errored": 0}
-    assert done["model"] is None
-    assert harness.model.seen == []  # no model is called for a jsonl run
-    # A file: the second line brings no sample, which the criteria need.
-    from_file = harness.post(f"/evals/{eval_id}/runs", {"data_source": {
-        "type": "jsonl", "source": {"type": "file_id", "id": "file-abc"}}})  # fmt: skip
-    assert from_file.status_code == 422
-    assert "file-abc item[1].sample: required" in from_file.json()["error"]["message"]
-    # A dataset's eval split: its turns before the last, and the last as the reference.
-    plain = harness.eval(
+@pytest.mark.slow
+def test_jsonl_runs_from_content_and_a_file_and_a_run_over_a_datasets_eval_split(
+    stack: Stack,
+) -> None:
+    client = stack.client
+    eval_id = create_eval(client)
+    calls = len(stack.upstream.requests)
+    given = [{"item": QUESTIONS[0], "sample": {"output_text": "Paris"}},
+             {"item": QUESTIONS[2], "sample": {"output_text": "Jupiter"}}]  # fmt: skip
+    done = until_done(client, eval_id, _jsonl(client, eval_id, given).id)
+    assert done.result_counts.model_dump() == {"total": 2, "passed": 2, "failed": 0, "errored": 0}
+    assert done.model is None
+    assert len(stack.upstream.requests) == calls  # no model is called for a jsonl run
+
+    # An uploaded file whose second line brings no sample, which the criteria read.
+    lines = [{"item": QUESTIONS[0], "sample": {"output_text": "Paris"}}, {"item": QUESTIONS[1]}]
+    body = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = client.files.create(file=("items.jsonl", io.BytesIO(body)), purpose="samples")
+    file_run = {"type": "jsonl", "source": {"type": "file_id", "id": uploaded.id}}
+    status, param, message = _refusal(
+        lambda: client.evals.runs.create(eval_id, data_source=file_run)
+    )
+    assert (status, param) == (422, "data_source.source.id")
+    assert f"{uploaded.id} item[1].sample: required" in message
+
+    # A built dataset's eval split: each sample's turns before the last, and the last as the
+    # reference. The dataset is built by ingest from two uploaded fine-tune files.
+    dataset = _dataset(stack)
+    plain = client.evals.create(
         data_source_config={"type": "custom", "item_schema": {"type": "object"},
                             "include_sample_schema": True},
         testing_criteria=[{"type": "string_check", "name": "exact", "operation": "eq",
                            "input": "{{sample.output_text}}", "reference": "{{item.reference}}"}],
-    )  # fmt: skip
-    run = harness.post(f"/evals/{plain}/runs", {"data_source": {
-        "type": "completions", "model": "gpt-4o-mini", "source": {"type": "file_id", "id": "ds_1"},
-        "input_messages": {"type": "item_reference", "item_reference": "item.messages"}}})  # fmt: skip
-    assert run.status_code == 200, run.text
-    done = harness.until_done(plain, run.json()["id"])
-    assert done["result_counts"]["passed"] == 1
-    [item] = _results(harness, plain, done["id"])
-    assert item["datasource_item"] == {
-        "messages": [{"role": "user", "content": "capital of France?"}], "reference": "Paris"}  # fmt: skip
+    ).id  # fmt: skip
+    run = client.evals.runs.create(plain, data_source={
+        "type": "completions", "model": "gpt-4o-mini", "source": {"type": "file_id", "id": dataset},
+        "input_messages": {"type": "item_reference", "item_reference": "item.messages"}})  # fmt: skip
+    done = until_done(client, plain, run.id)
+    assert done.result_counts.model_dump() == {"total": 1, "passed": 1, "failed": 0, "errored": 0}
+    [item] = _items(client, plain, run.id)
+    assert item.datasource_item == {
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "reference": "Paris",
+    }
 
 
-def _refusal(response: Any) -> tuple[int, str, str]:
-    body = response.json()
-    return response.status_code, body["error"]["param"], body["error"]["message"]
+def _dataset(stack: Stack) -> str:
+    """A dataset built by ingest whose eval split is one sample (France, answered Paris)."""
+    client = stack.client
+
+    def upload(name: str, lines: list[tuple[str, str]]) -> str:
+        body = "".join(json.dumps({"messages": [{"role": "user", "content": q},
+                                                {"role": "assistant", "content": a}]}) + "\n"
+                       for q, a in lines).encode()  # fmt: skip
+        file_id = client.files.create(file=(name, io.BytesIO(body)), purpose="fine-tune").id
+        assert localstack.wait_until(
+            lambda: client.files.retrieve(file_id).status == "processed", 30, interval_s=0.2
+        )
+        return file_id
+
+    train = upload("train.jsonl", [("Name a primary colour.", "Red"), ("Say hello.", "Hello")])
+    held_out = upload("eval.jsonl", [("What is the capital of France?", "Paris")])
+    spec = {"name": "capitals", "file_ids": [train], "eval_file_ids": [held_out]}
+    created = httpx.post(f"{stack.url}/v1/datasets", json=spec, headers=_auth(stack.key))
+    assert created.status_code == 202, created.text
+    dataset_id = str(created.json()["id"])
+    found: dict[str, Any] = {}
+
+    def built() -> bool:
+        nonlocal found
+        found = httpx.get(f"{stack.url}/v1/datasets/{dataset_id}", headers=_auth(stack.key)).json()
+        return found["status"] in ("built", "failed")
+
+    assert localstack.wait_until(built, 90, interval_s=0.25), found
+    assert (found["status"], found["eval_count"]) == ("built", 1), found
+    return dataset_id
 
 
-def test_bad_input_is_refused_naming_the_field(harness: Harness) -> None:
-    config = {"type": "custom", "item_schema": ITEM_SCHEMA, "include_sample_schema": True}
-    bad_op = dict(CRITERIA[0], operation="contains")
-    status, param, _ = _refusal(harness.post("/evals", {"data_source_config": config,
-                                                        "testing_criteria": [bad_op]}))  # fmt: skip
-    assert (status, param) == (422, "testing_criteria.0.string_check.operation")
-    typo = dict(CRITERIA[0], reference="{{item.answr}}")
-    status, param, message = _refusal(
-        harness.post("/evals", {"data_source_config": config, "testing_criteria": [typo]}))  # fmt: skip
-    assert (status, param) == (422, "testing_criteria[0].reference")
-    assert "no property 'answr'" in message
-    no_sample = dict(config, include_sample_schema=False)
-    status, param, _ = _refusal(
-        harness.post("/evals", {"data_source_config": no_sample, "testing_criteria": CRITERIA}))  # fmt: skip
-    assert (status, param) == (422, "testing_criteria[0].input")
-    not_a_schema = dict(config, item_schema={"type": "strin"})
-    status, param, _ = _refusal(
-        harness.post("/evals", {"data_source_config": not_a_schema, "testing_criteria": CRITERIA}))  # fmt: skip
-    assert (status, param) == (422, "data_source_config.item_schema")
-    cosine = dict(CRITERIA[1], evaluation_metric="cosine")
-    status, param, _ = _refusal(
-        harness.post("/evals", {"data_source_config": config, "testing_criteria": [cosine]}))  # fmt: skip
-    assert (status, param) == (422, "testing_criteria[0].evaluation_metric")
-    python = {"type": "python", "name": "p", "source": "def grade(s, i): return 1"}
-    status, param, _ = _refusal(
-        harness.post("/evals", {"data_source_config": config, "testing_criteria": [python]}))  # fmt: skip
-    assert (status, param) == (422, "testing_criteria[0].type")
-    label = {"type": "label_model", "name": "j", "model": "gpt-4o", "labels": ["good", "bad"],
+@pytest.mark.slow
+def test_bad_input_is_refused_naming_the_field(stack: Stack) -> None:
+    client = stack.client
+
+    def create(config: dict[str, Any], *criteria: dict[str, Any]) -> Callable[[], object]:
+        return lambda: client.evals.create(
+            data_source_config=config, testing_criteria=list(criteria)
+        )
+
+    label = {"type": "label_model", "name": "j", "model": JUDGE, "labels": ["good", "bad"],
              "passing_labels": ["great"], "input": [{"role": "user", "content": "{{item.answer}}"}]}  # fmt: skip
-    status, param, message = _refusal(
-        harness.post("/evals", {"data_source_config": config, "testing_criteria": [label]}))  # fmt: skip
-    assert status == 422
+    refused = {
+        "testing_criteria.0.string_check.operation": create(
+            CONFIG, dict(CRITERIA[0], operation="contains")),
+        "testing_criteria[0].reference": create(CONFIG, dict(CRITERIA[0], reference="{{item.answr}}")),
+        "testing_criteria[0].input": create(dict(CONFIG, include_sample_schema=False), *CRITERIA),
+        "data_source_config.item_schema": create(dict(CONFIG, item_schema={"type": "strin"}), *CRITERIA),
+        "testing_criteria[0].evaluation_metric": create(
+            CONFIG, dict(CRITERIA[2], evaluation_metric="cosine")),
+        "testing_criteria[0].type": create(
+            CONFIG, {"type": "python", "name": "p", "source": "def grade(s, i): return 1"}),
+    }  # fmt: skip
+    for field, call in refused.items():
+        status, param, _ = _refusal(call)
+        assert (status, param) == (422, field)
+    _, _, message = _refusal(create(CONFIG, dict(CRITERIA[0], reference="{{item.answr}}")))
+    assert "no property 'answr'" in message
+    status, param, message = _refusal(create(CONFIG, label))
+    # The judge's own rule (a passing label among the labels) names the criterion.
+    assert (status, param) == (422, "testing_criteria[0]")
     assert "passing_labels" in message
 
-    eval_id = harness.eval()
-    source = {"type": "file_content", "content": [{"item": {"question": 3, "answer": "a"}}]}
-    status, param, message = _refusal(harness.post(f"/evals/{eval_id}/runs", {"data_source": {
-        "type": "completions", "model": "m", "source": source,
-        "input_messages": {"type": "template", "template": [
-            {"role": "user", "content": "{{item.question}}"}]}}}))  # fmt: skip
+    eval_id = create_eval(client)
+
+    def run(data_source: dict[str, Any], on: str = eval_id) -> Callable[[], object]:
+        return lambda: client.evals.runs.create(on, data_source=data_source)
+
+    not_an_item = {"type": "completions", "model": "gpt-4o-mini", "input_messages": _template(
+        ("user", "{{item.question}}")), "source": _inline([{"item": {"question": 3, "answer": "a"}}])}  # fmt: skip
+    status, param, message = _refusal(run(not_an_item))
     assert (status, param) == (422, "data_source.source.content")
     assert "data_source.source.content[0]/question: 3 is not of type" in message
-    no_model = {"type": "completions", "source": {"type": "file_content", "content": [
-        {"item": ITEMS[0]}]}, "input_messages": {"type": "item_reference", "item_reference": "item.question"}}  # fmt: skip
-    status, param, _ = _refusal(harness.post(f"/evals/{eval_id}/runs", {"data_source": no_model}))
-    assert (status, param) == (422, "data_source.model")
-    too_many = {"type": "jsonl", "source": {"type": "file_content", "content": [
-        {"item": ITEMS[0], "sample": {"output_text": "x"}}] * 6}}  # fmt: skip
-    status, param, _ = _refusal(harness.post(f"/evals/{eval_id}/runs", {"data_source": too_many}))
-    assert (status, param) == (413, "data_source.source.content")
+    no_model = {"type": "completions", "source": _inline([{"item": QUESTIONS[0]}]),
+                "input_messages": {"type": "item_reference", "item_reference": "item.question"}}  # fmt: skip
+    assert _refusal(run(no_model))[:2] == (422, "data_source.model")
+    one = {"item": QUESTIONS[0], "sample": {"output_text": "x"}}
+    too_many = {"type": "jsonl", "source": _inline([one] * (MAX_ITEMS + 1))}
+    assert _refusal(run(too_many))[:2] == (413, "data_source.source.content")
     missing = {"type": "jsonl", "source": {"type": "file_id", "id": "file-nope"}}
-    status, param, message = _refusal(
-        harness.post(f"/evals/{eval_id}/runs", {"data_source": missing})
-    )
-    assert (status, param) == (404, "data_source.source.id")
+    assert _refusal(run(missing))[:2] == (404, "data_source.source.id")
     responses = {"type": "responses", "source": {"type": "responses"}}
-    status, param, _ = _refusal(harness.post(f"/evals/{eval_id}/runs", {"data_source": responses}))
-    assert (status, param) == (422, "data_source.type")
-    status, param, _ = _refusal(harness.post("/evals/eval_nope/runs", {"data_source": too_many}))
-    assert (status, param) == (404, "eval_id")
+    assert _refusal(run(responses))[:2] == (422, "data_source.type")
+    assert _refusal(run(too_many, on="eval_nope"))[:2] == (404, "eval_id")
 
 
-def test_another_tenant_sees_nothing_and_a_read_key_changes_nothing(harness: Harness) -> None:
-    eval_id = harness.eval()
-    content = [{"item": ITEMS[0], "sample": {"output_text": "Paris"}}]
-    run = harness.post(f"/evals/{eval_id}/runs", {"data_source": {
-        "type": "jsonl", "source": {"type": "file_content", "content": content}}}).json()  # fmt: skip
-    done = harness.until_done(eval_id, run["id"])
-    [item] = _results(harness, eval_id, done["id"])
-    theirs = harness.theirs
-    for path in (f"/evals/{eval_id}", f"/evals/{eval_id}/runs", f"/evals/{eval_id}/runs/{run['id']}",
-                 f"/evals/{eval_id}/runs/{run['id']}/output_items",
-                 f"/evals/{eval_id}/runs/{run['id']}/output_items/{item['id']}"):  # fmt: skip
-        assert harness.get(path, headers=theirs).status_code == 404, path
-    assert harness.get("/evals", headers=theirs).json()["data"] == []
-    assert harness.post(f"/evals/{eval_id}", {"name": "x"}, headers=theirs).status_code == 404
-    assert harness.client.delete(f"/v1/evals/{eval_id}", headers=theirs).status_code == 404
-    refused = harness.post(f"/evals/{eval_id}", {"name": "x"}, headers=harness.reader)
-    assert refused.status_code == 403
-    assert refused.json()["error"]["code"] == "insufficient_scope"
-    assert harness.get(f"/evals/{eval_id}", headers=harness.reader).status_code == 200
-    assert harness.get("/evals").json()["data"][0]["id"] == eval_id
+@pytest.mark.slow
+def test_another_tenant_sees_nothing_and_a_read_key_changes_nothing(stack: Stack) -> None:
+    client, other = stack.client, stack.other
+    eval_id = create_eval(client)
+    run = _jsonl(client, eval_id, [{"item": QUESTIONS[0], "sample": {"output_text": "Paris"}}])
+    until_done(client, eval_id, run.id)
+    [item] = _items(client, eval_id, run.id)
+    for call in (
+        lambda: other.evals.retrieve(eval_id),
+        lambda: other.evals.update(eval_id, name="theirs"),
+        lambda: other.evals.runs.list(eval_id),
+        lambda: other.evals.runs.retrieve(run.id, eval_id=eval_id),
+        lambda: other.evals.runs.cancel(run.id, eval_id=eval_id),
+        lambda: other.evals.runs.output_items.list(run.id, eval_id=eval_id),
+        lambda: other.evals.runs.output_items.retrieve(item.id, eval_id=eval_id, run_id=run.id),
+    ):
+        assert _refusal(call)[0] == 404
+    assert other.evals.list(limit=100).data == []  # the other tenant made none in this module
 
-
-def test_update_list_delete_and_pages(harness: Harness) -> None:
-    first, second, third = harness.eval(), harness.eval(), harness.eval()
-    renamed = harness.post(f"/evals/{second}", {"name": "renamed", "metadata": {"team": "qa"}})
-    assert renamed.json()["name"] == "renamed"
-    assert renamed.json()["metadata"] == {"team": "qa"}
-    page = harness.get("/evals", limit=2).json()
-    assert [e["id"] for e in page["data"]] == [first, second]
-    assert page["has_more"] is True
-    rest = harness.get("/evals", limit=2, after=page["last_id"]).json()
-    assert [e["id"] for e in rest["data"]] == [third]
-    assert rest["has_more"] is False
-    newest = harness.get("/evals", order="desc", limit=1).json()["data"][0]["id"]
-    assert newest == third
-    deleted = harness.client.delete(f"/v1/evals/{first}", headers=harness.mine).json()
-    assert deleted == {"object": "eval.deleted", "deleted": True, "eval_id": first}
-    assert harness.get(f"/evals/{first}").status_code == 404
-    bad_after = harness.get("/evals", after="eval_gone")
-    assert bad_after.status_code == 404
-
-
-def test_a_run_is_canceled_and_deleted(harness: Harness) -> None:
-    harness.model.delay_s = 5
-    eval_id = harness.eval()
-    run = harness.post(f"/evals/{eval_id}/runs", {"data_source": {
-        "type": "completions", "model": "m",
-        "source": {"type": "file_content", "content": [{"item": i} for i in ITEMS]},
-        "input_messages": {"type": "template", "template": [
-            {"role": "user", "content": "{{item.question}}"}]}}}).json()  # fmt: skip
-    canceled = harness.post(f"/evals/{eval_id}/runs/{run['id']}/cancel", {})
-    assert canceled.status_code == 200, canceled.text
-    assert canceled.json()["status"] == "canceled"
-    again = harness.post(f"/evals/{eval_id}/runs/{run['id']}/cancel", {})
-    assert again.json()["status"] == "canceled"
-    listed = harness.get(f"/evals/{eval_id}/runs", status="canceled").json()["data"]
-    assert [r["id"] for r in listed] == [run["id"]]
-    deleted = harness.client.delete(f"/v1/evals/{eval_id}/runs/{run['id']}", headers=harness.mine)
-    assert deleted.json() == {"object": "eval.run.deleted", "deleted": True, "run_id": run["id"]}
-    assert harness.get(f"/evals/{eval_id}/runs/{run['id']}").status_code == 404
-
-
-def test_an_unknown_model_fails_the_run_with_the_gateways_message(harness: Harness) -> None:
-    eval_id = harness.eval()
-    run = harness.post(f"/evals/{eval_id}/runs", {"data_source": {
-        "type": "completions", "model": "no-such-model",
-        "source": {"type": "file_content", "content": [{"item": ITEMS[0]}]},
-        "input_messages": {"type": "template", "template": [
-            {"role": "user", "content": "{{item.question}}"}]}}}).json()  # fmt: skip
-    done = harness.until_done(eval_id, run["id"])
-    assert done["status"] == "failed"
-    assert done["error"]["code"] == "model_not_found"
-    assert "model not found" in done["error"]["message"]
-
-
-async def test_a_restart_grades_the_answers_it_has_and_fails_the_rest(
-    tmp_path: Path, sqlite_template: Path
-) -> None:
-    shutil.copyfile(sqlite_template, tmp_path / "tuneloop.db")
-    engine = make_engine(f"sqlite:///{tmp_path / 'tuneloop.db'}")
-    model = FakeModel()
-    app, executor = _app(engine, model)
-    evals: Evals = app.state.evals
-    created = await evals.create_eval("acme", api.protocol.EvalCreate.model_validate({
-        "data_source_config": {"type": "custom", "item_schema": ITEM_SCHEMA,
-                               "include_sample_schema": True},
-        "testing_criteria": CRITERIA}))  # fmt: skip
-    data_source = {"type": "completions", "model": "m",
-                   "source": {"type": "file_content", "content": [{"item": i} for i in ITEMS[:2]]},
-                   "input_messages": {"type": "item_reference", "item_reference": "item.question"}}  # fmt: skip
-    # What a process killed mid-run leaves: in progress, one item answered, one not.
-    answered = {"output": [{"role": "assistant", "content": "Paris"}], "error": None}
-    store.add(
-        engine,
-        EvalsRunRow(id="evalrun_x", eval_id=created.id, tenant="acme", name="r",
-                    meta=store.dumps(None), data_source=store.dumps(data_source), model="m",
-                    status="in_progress", items=2, per_criteria=store.dumps({}),
-                    usage=store.dumps({})),
-        EvalsOutputItemRow(run_id="evalrun_x", position=0, id="outputitem_a",
-                           item=store.dumps(ITEMS[0]), sample=store.dumps(answered), status="pending"),
-        EvalsOutputItemRow(run_id="evalrun_x", position=1, id="outputitem_b",
-                           item=store.dumps(ITEMS[1]), status="pending"),
+    reader = openai.OpenAI(
+        base_url=f"{stack.url}/v1", api_key=tenant_key(stack.url, "acme", scope="read"),
+        max_retries=0,
     )  # fmt: skip
-    await executor.start()
-    await executor.wait("evalrun_x")
-    run = await evals.get_run("acme", created.id, "evalrun_x")
-    assert run.status == "failed"
-    assert run.error is not None
-    assert run.error.code == "interrupted"
-    assert "1 of 2 items" in run.error.message
-    assert run.result_counts.model_dump() == {"total": 1, "passed": 1, "failed": 0, "errored": 0}
-    assert model.seen == []
-    await evals.reader.client.aclose()
-    engine.dispose()
+    with pytest.raises(openai.PermissionDeniedError) as refused:
+        reader.evals.update(eval_id, name="renamed by a reader")
+    # The gateway refuses it before relaying (its own 403 body, not OpenAI's shape).
+    assert "needs a key with scope 'write'" in refused.value.response.json()["detail"]
+    with pytest.raises(openai.PermissionDeniedError):
+        reader.evals.runs.delete(run.id, eval_id=eval_id)
+    assert reader.evals.retrieve(eval_id).name == "capitals"
+    assert [i.id for i in reader.evals.runs.output_items.list(run.id, eval_id=eval_id).data] == [
+        item.id]  # fmt: skip
 
 
-def test_score_model_and_label_model_are_graded_by_the_judge(harness: Harness) -> None:
-    messages = [{"role": "user", "content": "Question: {{item.question}} Reference: "
-                 "{{item.answer}} Answer: {{sample.output_text}}"}]  # fmt: skip
-    eval_id = harness.eval(testing_criteria=[
-        {"type": "label_model", "name": "right", "model": "gpt-4o", "input": messages,
-         "labels": ["correct", "incorrect"], "passing_labels": ["correct"]},
-        {"type": "score_model", "name": "quality", "model": "gpt-4o", "input": messages,
-         "range": [0, 1], "pass_threshold": 0.5},
-    ])  # fmt: skip
-    content = [{"item": ITEMS[0], "sample": {"output_text": "Paris"}},
-               {"item": ITEMS[2], "sample": {"output_text": "Saturn"}},
-               {"item": ITEMS[1], "sample": {"output_text": "garbled"}}]  # fmt: skip
-    run = harness.post(f"/evals/{eval_id}/runs", {"data_source": {
-        "type": "jsonl", "source": {"type": "file_content", "content": content}}}).json()  # fmt: skip
-    done = harness.until_done(eval_id, run["id"])
-    assert done["status"] == "completed", done
-    assert done["result_counts"] == {"total": 3, "passed": 1, "failed": 1, "errored": 1}
-    paris, saturn, garbled = _results(harness, eval_id, done["id"])
-    assert [(r["type"], r["score"], r["passed"]) for r in paris["results"]] == [
+@pytest.mark.slow
+def test_update_list_delete_and_pages(stack: Stack) -> None:
+    # A tenant of its own, so that its list holds exactly this test's evals.
+    client = openai.OpenAI(
+        base_url=f"{stack.url}/v1", api_key=tenant_key(stack.url, "pages"), max_retries=0
+    )
+    first, second, third = (create_eval(client) for _ in range(3))
+    renamed = client.evals.update(second, name="renamed", metadata={"team": "support"})
+    assert (renamed.name, renamed.metadata) == ("renamed", {"team": "support"})
+    assert client.evals.retrieve(second).metadata == {"team": "support"}
+    page = client.evals.list(limit=2)
+    assert ([e.id for e in page.data], page.has_more) == ([first, second], True)
+    rest = client.evals.list(limit=2, after=page.data[-1].id)
+    assert ([e.id for e in rest.data], rest.has_more) == ([third], False)
+    assert [e.id for e in client.evals.list(order="desc", limit=1).data] == [third]
+    deleted = client.evals.delete(first)
+    assert deleted.to_dict() == {"object": "eval.deleted", "deleted": True, "eval_id": first}
+    assert _refusal(lambda: client.evals.retrieve(first))[:2] == (404, "eval_id")
+    assert _refusal(lambda: client.evals.list(after=first))[:2] == (404, "after")
+
+
+@pytest.mark.slow
+def test_a_cancel_stops_a_run_whose_calls_are_in_flight(stack: Stack) -> None:
+    client, held = stack.client, "gpt-4o-held"
+    eval_id = create_eval(client)
+    stack.upstream.held.add(held)
+    try:
+        run = completions_run(client, eval_id, held, QUESTIONS)
+        # Every item's call is at the upstream, waiting: the run is working, not queued.
+        assert localstack.wait_until(lambda: len(stack.upstream.sent_to(held)) == 5, 30)
+        assert client.evals.runs.cancel(run.id, eval_id=eval_id).status == "canceled"
+        assert client.evals.runs.cancel(run.id, eval_id=eval_id).status == "canceled"  # again
+    finally:
+        stack.upstream.held.discard(held)
+    # The held calls are answered now; a later run of the same model is answered and graded,
+    # and the canceled run is not.
+    later = until_done(client, eval_id, completions_run(client, eval_id, held, QUESTIONS[:1]).id)
+    assert later.result_counts.model_dump() == {"total": 1, "passed": 1, "failed": 0, "errored": 0}
+    stopped = client.evals.runs.retrieve(run.id, eval_id=eval_id)
+    assert stopped.status == "canceled"
+    assert stopped.result_counts.model_dump() == {
+        "total": 0,
+        "passed": 0,
+        "failed": 0,
+        "errored": 0,
+    }
+    assert _items(client, eval_id, run.id) == []
+    assert [r.id for r in client.evals.runs.list(eval_id, status="canceled").data] == [run.id]
+
+    deleted = client.evals.runs.delete(run.id, eval_id=eval_id)
+    assert deleted.to_dict() == {"object": "eval.run.deleted", "deleted": True, "run_id": run.id}
+    assert _refusal(lambda: client.evals.runs.retrieve(run.id, eval_id=eval_id))[:2] == (
+        404, "run_id")  # fmt: skip
+
+
+@pytest.mark.slow
+def test_an_unknown_model_fails_the_run_with_the_gateways_message(stack: Stack) -> None:
+    client = stack.client
+    eval_id = create_eval(client)
+    done = until_done(
+        client, eval_id, completions_run(client, eval_id, "no-such-model", QUESTIONS).id
+    )
+    assert done.status == "failed"
+    assert done.error.code == "model_not_found"
+    assert "The model `no-such-model` does not exist" in done.error.message
+
+
+@pytest.mark.slow
+def test_score_model_and_label_model_are_graded_by_the_judge(stack: Stack) -> None:
+    client = stack.client
+    eval_id = _judged_eval(client)
+    given = [{"item": QUESTIONS[0], "sample": {"output_text": "Paris"}},
+             {"item": QUESTIONS[2], "sample": {"output_text": "Saturn"}},
+             {"item": QUESTIONS[1], "sample": {"output_text": "garbled"}}]  # fmt: skip
+    done = until_done(client, eval_id, _jsonl(client, eval_id, given).id)
+    assert done.status == "completed", done
+    assert done.result_counts.model_dump() == {"total": 3, "passed": 1, "failed": 1, "errored": 1}
+    paris, saturn, garbled = _items(client, eval_id, done.id)
+    assert [(r.type, r.score, r.passed) for r in paris.results] == [
         ("label-model-grader", 1.0, True), ("score-model-grader", 0.9, True)]  # fmt: skip
-    assert paris["results"][0]["sample"]["label"] == "correct"
-    assert paris["results"][1]["sample"]["assessment"] == "close"
-    assert [(r["score"], r["passed"]) for r in saturn["results"]] == [(0.0, False), (0.4, False)]
-    assert garbled["status"] == "error"
-    assert garbled["results"][0]["error"].startswith("judge_error: unreadable twice")
+    assert paris.results[0].sample["label"] == "correct"
+    assert paris.results[1].sample["assessment"] == "close"
+    assert [(r.score, r.passed) for r in saturn.results] == [(0.0, False), (0.4, False)]
+    assert garbled.status == "error"
+    assert garbled.results[0].to_dict()["error"].startswith("judge_error: unreadable twice")
+    # The judge was asked through the gateway: the item's question, rendered, in its prompt.
+    assert any("Question: What is the capital of France?" in b["messages"][0]["content"]
+               for b in stack.upstream.sent_to(JUDGE))  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_restart_finishes_what_it_can_without_the_callers_key(stack: Stack) -> None:
+    client, model, busy = stack.client, "gpt-4o-restarted", "gpt-4o-busy"
+    eval_id, judged = create_eval(client), _judged_eval(client)
+    late = {"question": "LATE: what is the capital of France?", "answer": "Paris"}
+    # One chunk answered and graded (France, 2 + 2, the planet and tac, eight times), and one
+    # item after it whose call the upstream holds; a second run fills the other slot
+    # (EVALS_RUNS_AT_ONCE, 2), so two jsonl runs wait, queued.
+    answered = [QUESTIONS[i % 4] for i in range(CHUNK)]
+    stack.upstream.held |= {"LATE", busy}
+    try:
+        interrupted = completions_run(client, eval_id, model, [*answered, late])
+        waiting = completions_run(client, eval_id, busy, QUESTIONS[:2])
+        given = _jsonl(
+            client, eval_id, [{"item": QUESTIONS[0], "sample": {"output_text": "Paris"}}]
+        )
+        asks_the_judge = _jsonl(
+            client, judged, [{"item": QUESTIONS[0], "sample": {"output_text": "Paris"}}]
+        )
+
+        def mid_run() -> bool:
+            graded = _items(client, eval_id, interrupted.id)
+            late_sent = any(
+                "LATE" in b["messages"][-1]["content"] for b in stack.upstream.sent_to(model)
+            )
+            return len(graded) == CHUNK and late_sent and len(stack.upstream.sent_to(busy)) == 2
+
+        assert localstack.wait_until(mid_run, 60, interval_s=0.2)
+        for queued, on in ((given, eval_id), (asks_the_judge, judged)):
+            assert client.evals.runs.retrieve(queued.id, eval_id=on).status == "queued"
+        calls = len(stack.upstream.requests)
+        stack.evaluator.stop()
+        stack.evaluator.start(timeout_s=90)
+
+        first = until_done(client, eval_id, interrupted.id)
+        assert (first.status, first.error.code) == ("failed", "interrupted")
+        assert "1 of 33 items are left" in first.error.message
+        assert "caller's key" in first.error.message
+        # What was graded before the restart stays: France passed, the rest failed.
+        assert first.result_counts.model_dump() == {
+            "total": CHUNK, "passed": CHUNK // 4, "failed": CHUNK * 3 // 4, "errored": 0}  # fmt: skip
+        second = until_done(client, eval_id, waiting.id)
+        assert (second.status, second.error.code) == ("failed", "interrupted")
+        assert "2 of 2 items are left" in second.error.message
+        # A jsonl run with deterministic graders needs no key: it finishes.
+        finished = until_done(client, eval_id, given.id)
+        assert finished.status == "completed"
+        assert finished.result_counts.model_dump() == {
+            "total": 1, "passed": 1, "failed": 0, "errored": 0}  # fmt: skip
+        # A judge is a model called with the key: nothing of that run can be graded.
+        judged_run = until_done(client, judged, asks_the_judge.id)
+        assert (judged_run.status, judged_run.error.code) == ("failed", "interrupted")
+        assert "1 of 1 items are left" in judged_run.error.message
+        assert len(stack.upstream.requests) == calls  # no model was called after the restart
+    finally:
+        stack.upstream.held -= {"LATE", busy}
