@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from faststream.nats import NatsBroker
 from sqlmodel import Session
 
 from services.hoster.engines import stop_leftovers
-from shared import auth, db, localstack
+from shared import auth, bus, db, localstack
 from shared.events import EvalDecided, Event
 from shared.settings import Settings
 from shared.storage import ObjectStore
@@ -95,6 +95,18 @@ def hoster_process(
             if '"level":"ERROR"' in line and '"logger":"tuneloop.hoster.faststream"' not in line
         ]
         assert not errors, errors
+
+
+@contextlib.asynccontextmanager
+async def event_broker(settings: Settings, service: str) -> AsyncIterator[NatsBroker]:
+    """A broker on the test's NATS with every stream declared, to publish and read events."""
+    broker = bus.make_broker(settings.nats, service=service)
+    await bus.connect(broker, settings.nats)
+    await bus.declare_streams(broker.connection, settings.nats)
+    try:
+        yield broker
+    finally:
+        await broker.stop()
 
 
 async def next_event(

@@ -25,7 +25,7 @@ from shared.settings import Settings
 from shared.storage import ObjectStore
 from tests.plugins.infra import RunningProcess, settings_env
 from tests.services.hoster.checkpoints import BASE_ID, store_checkpoint
-from tests.services.hoster.process import decision, next_event, prepare
+from tests.services.hoster.process import decision, event_broker, next_event, prepare
 
 pytestmark = pytest.mark.slow
 HI: Any = [{"role": "user", "content": "Hi"}]
@@ -79,11 +79,8 @@ def stack(
 
 @pytest.fixture
 async def broker(stack: Stack) -> AsyncIterator[NatsBroker]:
-    broker = bus.make_broker(stack.settings.nats, service="cold-tests")
-    await bus.connect(broker, stack.settings.nats)
-    await bus.declare_streams(broker.connection, stack.settings.nats)
-    yield broker
-    await broker.stop()
+    async with event_broker(stack.settings, "cold-tests") as broker:
+        yield broker
 
 
 def of(deployment_id: str) -> Callable[[dict[str, Any]], bool]:

@@ -37,6 +37,7 @@ from tests.services.hoster.process import (
     SERVICE_TOKEN,
     Hoster,
     decision,
+    event_broker,
     hoster_process,
     next_event,
 )
@@ -63,11 +64,8 @@ def hoster(
 
 @pytest.fixture
 async def broker(hoster: Hoster) -> AsyncIterator[NatsBroker]:
-    broker = bus.make_broker(hoster.settings.nats, service="hoster-tests")
-    await bus.connect(broker, hoster.settings.nats)
-    await bus.declare_streams(broker.connection, hoster.settings.nats)
-    yield broker
-    await broker.stop()
+    async with event_broker(hoster.settings, "hoster-tests") as broker:
+        yield broker
 
 
 async def test_a_decision_is_registered_deployed_and_answers_the_ft_name(

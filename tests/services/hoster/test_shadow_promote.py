@@ -25,7 +25,7 @@ from shared.events import (
 from shared.settings import Settings
 from tests.plugins.infra import RunningProcess
 from tests.services.hoster.checkpoints import BASE_ID, store_checkpoint
-from tests.services.hoster.process import Hoster, decision, hoster_process, next_event
+from tests.services.hoster.process import Hoster, decision, event_broker, hoster_process, next_event
 
 pytestmark = pytest.mark.slow
 NAME = "mirror"
@@ -47,11 +47,8 @@ def hoster(
 
 @pytest.fixture
 async def broker(hoster: Hoster) -> AsyncIterator[NatsBroker]:
-    broker = bus.make_broker(hoster.settings.nats, service="hoster-shadow-tests")
-    await bus.connect(broker, hoster.settings.nats)
-    await bus.declare_streams(broker.connection, hoster.settings.nats)
-    yield broker
-    await broker.stop()
+    async with event_broker(hoster.settings, "hoster-shadow-tests") as broker:
+        yield broker
 
 
 def score(

@@ -38,6 +38,7 @@ from tests.services.hoster.process import (
     SERVICE_TOKEN,
     Hoster,
     decision,
+    event_broker,
     hoster_process,
     next_event,
 )
@@ -67,11 +68,8 @@ def hoster(
 
 @pytest.fixture
 async def broker(hoster: Hoster) -> AsyncIterator[NatsBroker]:
-    broker = bus.make_broker(hoster.settings.nats, service="hoster-tests")
-    await bus.connect(broker, hoster.settings.nats)
-    await bus.declare_streams(broker.connection, hoster.settings.nats)
-    yield broker
-    await broker.stop()
+    async with event_broker(hoster.settings, "hoster-tests") as broker:
+        yield broker
 
 
 async def register(hoster: Hoster, broker: NatsBroker, job: str, seed: int) -> str:
