@@ -343,7 +343,7 @@ def prompt(
     a `{{...}}` names what the item or the sample does not have."""
     shape, _, _ = _format(grader)
     messages = [
-        {"role": m.role, "content": render(m.text(), item=item, sample=sample)}
+        {"role": m.role, "content": render(m.text(), {"item": item, "sample": sample})}
         for m in grader.input
     ]
     ask = f"Reply with only a JSON object, nothing before or after it: {shape}"

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from services.evaluator.evals import model_graders, protocol, sources, store, templates
+from services.evaluator import templating
+from services.evaluator.evals import model_graders, protocol, sources, store
 from services.evaluator.evals.errors import EvalsError, unsupported
 from services.evaluator.evals.generation import PART_TYPES, TEXT_PARTS
 from services.evaluator.models import EvalsEvalRow
@@ -25,8 +26,8 @@ def item_properties(item_schema: dict[str, Any]) -> list[str] | None:
 
 def _check_template(text: str, param: str, properties: list[str] | None, sample: bool) -> None:
     try:
-        templates.check(text, item_properties=properties, sample=sample, where=param)
-    except templates.TemplateError as exc:
+        templating.check(text, item_properties=properties, sample=sample, where=param)
+    except templating.TemplateError as exc:
         raise EvalsError(422, f"{param}: {exc}", param=param) from None
 
 
@@ -90,7 +91,7 @@ def check_eval(body: protocol.EvalCreate) -> protocol.CustomConfig:
 
 
 def uses_sample(criteria: list[dict[str, Any]]) -> bool:
-    return any(ref.startswith("sample") for ref in templates.references(json.dumps(criteria)))
+    return any(ref.startswith("sample") for ref in templating.references(json.dumps(criteria)))
 
 
 def judged(criteria: list[dict[str, Any]]) -> bool:

@@ -21,7 +21,8 @@ import numpy as np
 from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 
-from services.evaluator.evals import store, templates
+from services.evaluator import templating
+from services.evaluator.evals import store
 from services.evaluator.evals.errors import EvalsError, not_found
 from services.evaluator.models import EvalsOutputItemRow, EvalsRunRow
 
@@ -151,7 +152,7 @@ def _side(row: EvalsOutputItemRow, timed: bool) -> Side:
     error = model_error.get("message") if isinstance(model_error, dict) else None
     error = error or next((r.error for r in results if r.error), None)
     latency = sample.get("latency_ms") if timed else None
-    text = templates.sample_context(sample)["output_text"]
+    text = templating.sample_context(sample)["output_text"]
     return Side(
         output_item_id=row.id,
         status=row.status,  # graded: pass, fail or error

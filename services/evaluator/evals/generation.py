@@ -17,7 +17,8 @@ from typing import Any
 
 import openai
 
-from services.evaluator.evals import protocol, templates
+from services.evaluator import templating
+from services.evaluator.evals import protocol
 
 TAGS_HEADER = "x-tuneloop-tags"
 TEXT_PARTS = ("input_text", "output_text")
@@ -43,13 +44,13 @@ class Answer:
 def _content(content: str | list[dict[str, Any]], item: Mapping[str, Any]) -> Any:
     context = {"item": item}
     if isinstance(content, str):
-        return templates.render(content, context)
+        return templating.render(content, context)
     parts: list[dict[str, Any]] = []
     for part in content:
         if part.get("type") in TEXT_PARTS:
-            parts.append({"type": "text", "text": templates.render(str(part["text"]), context)})
+            parts.append({"type": "text", "text": templating.render(str(part["text"]), context)})
         else:
-            url = templates.render(str(part["image_url"]), context)
+            url = templating.render(str(part["image_url"]), context)
             image = {"url": url} | ({"detail": part["detail"]} if part.get("detail") else {})
             parts.append({"type": "image_url", "image_url": image})
     if all(part["type"] == "text" for part in parts):
@@ -63,11 +64,11 @@ def prompt(
 ) -> list[dict[str, Any]]:
     """The messages sent for one item; TemplateError names what the item lacks."""
     if isinstance(messages, protocol.ItemReference):
-        value = templates.lookup(messages.item_reference, {"item": item})
+        value = templating.lookup(messages.item_reference, {"item": item})
         if not isinstance(value, list) or not all(
             isinstance(m, dict) and "role" in m for m in value
         ):
-            raise templates.TemplateError(
+            raise templating.TemplateError(
                 f"{messages.item_reference}: not a list of chat messages ({{role, content}})"
             )
         return list(value)
@@ -150,7 +151,7 @@ async def answer(
     (its prompt refused, the upstream failing after retries) has the reason in `error`."""
     try:
         sent = prompt(messages, item)
-    except templates.TemplateError as exc:
+    except templating.TemplateError as exc:
         sample = _sample(model, [], params)
         sample["error"] = {"code": "template_error", "message": str(exc)}
         return Answer(sample, None, called=False)

@@ -28,7 +28,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from services.evaluator.evals import protocol, templates
+from services.evaluator import templating
+from services.evaluator.evals import protocol
 from services.evaluator.graders import Answer, rouge_l
 
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -159,9 +160,9 @@ def grade_text(criterion: TextGrader, context: Mapping[str, Any]) -> dict[str, A
     """A string_check or text_similarity criterion on one item (`context`: item and sample)."""
     kind = RESULT_TYPES[criterion.type]
     try:
-        value = templates.render(criterion.input, context)
-        reference = templates.render(criterion.reference, context)
-    except templates.TemplateError as exc:
+        value = templating.render(criterion.input, context)
+        reference = templating.render(criterion.reference, context)
+    except templating.TemplateError as exc:
         return result(criterion.name, kind, 0.0, False, error=str(exc))
     if isinstance(criterion, protocol.StringCheck):
         score = string_check(criterion.operation, value, reference)

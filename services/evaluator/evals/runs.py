@@ -22,8 +22,8 @@ import openai
 from pydantic import TypeAdapter
 from sqlalchemy.engine import Engine
 
-from services.evaluator import judge
-from services.evaluator.evals import generation, graders, model_graders, protocol, store, templates
+from services.evaluator import judge, templating
+from services.evaluator.evals import generation, graders, model_graders, protocol, store
 from services.evaluator.models import EvalsOutputItemRow, EvalsRunRow
 
 log = logging.getLogger("tuneloop.evaluator")
@@ -87,7 +87,7 @@ def grade_text(
             continue
         context: dict[str, Any] = {"item": item}
         if sample is not None:
-            context["sample"] = templates.sample_context(sample)
+            context["sample"] = templating.sample_context(sample)
         results = [
             graders.grade_text(c, context) if isinstance(c, graders.TextGrader) else None
             for c in criteria
@@ -282,7 +282,7 @@ async def _results(
         elif found is None:
             assert judge_client is not None  # a key is there, or _work stopped before
             assert isinstance(criterion, model_graders.ModelGrader)
-            sample = templates.sample_context(entry.sample or {})
+            sample = templating.sample_context(entry.sample or {})
             found = await model_graders.grade(
                 judge_client, criterion, tenant=tenant, item=entry.item, sample=sample
             )

@@ -1,6 +1,7 @@
-"""The Evals API's deterministic graders and templating, as plain function calls: string_check's
-four operations, the text-similarity metrics on hand-computed cases, the bit-parallel LCS
-against the textbook table, and `{{item.x}}` / `{{sample.x}}` filled in and checked."""
+"""The Evals API's deterministic graders as plain function calls: string_check's four
+operations, the text-similarity metrics on hand-computed cases, the bit-parallel LCS against the
+textbook table, and a criterion graded with its templates filled in (the templating itself:
+test_templating.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.evaluator.evals import graders, protocol, templates
+from services.evaluator import templating
+from services.evaluator.evals import graders, protocol
 
 
 @pytest.mark.parametrize(
@@ -84,7 +86,7 @@ def _criteria() -> list[graders.TextGrader]:
 
 def test_grading_an_item_fills_the_templates_and_names_what_is_missing() -> None:
     exact, close = _criteria()
-    context = {"item": {"answer": "Paris"}, "sample": templates.sample_context(
+    context = {"item": {"answer": "Paris"}, "sample": templating.sample_context(
         {"output": [{"role": "assistant", "content": "Pariss"}]})}  # fmt: skip
     assert graders.grade_text(exact, context) == {
         "name": "exact", "type": "string-check-grader", "score": 0.0, "passed": False,
@@ -97,31 +99,3 @@ def test_grading_an_item_fills_the_templates_and_names_what_is_missing() -> None
     assert missing["error"] == "{{sample.output_text}}: sample is not in this item"
     assert graders.status_of([found, missing]) == "error"
     assert graders.status_of([found]) == "pass"
-
-
-def test_templates_render_json_and_check_references() -> None:
-    item = {"q": "why", "tags": ["a", "b"], "n": 3, "meta": {"lang": "en"}}
-    assert templates.render("{{ item.q }}/{{item.tags}}/{{item.tags.1}}/{{item.n}}", {"item": item}) == (
-        'why/["a", "b"]/b/3'
-    )  # fmt: skip
-    assert templates.render("{{item.meta.lang}}", {"item": item}) == "en"
-    with pytest.raises(templates.TemplateError, match=r"item\.meta\.nope is not in this item"):
-        templates.render("{{item.meta.nope}}", {"item": item})
-    templates.check("{{item.q}} {{sample.output_text}}", item_properties=["q"], sample=True)
-    with pytest.raises(templates.TemplateError, match="has no property 'answr'"):
-        templates.check("{{item.answr}}", item_properties=["answer"], sample=True)
-    with pytest.raises(templates.TemplateError, match="no sample namespace"):
-        templates.check("{{sample.output_text}}", item_properties=None, sample=False)
-    with pytest.raises(templates.TemplateError, match="not a reference"):
-        templates.check("{{answer}}", item_properties=None, sample=True)
-
-
-def test_the_sample_namespace_has_output_text_and_output_json() -> None:
-    given_sample = templates.sample_context({"output_text": '{"a": 1}'})
-    assert given_sample["output_json"] == {"a": 1}
-    generated = templates.sample_context(
-        {"output": [{"role": "assistant", "content": "plain"}], "model": "m"}
-    )
-    assert generated["output_text"] == "plain"
-    assert generated["output_json"] is None
-    assert generated["output_tools"] == []

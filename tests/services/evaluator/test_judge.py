@@ -1,7 +1,7 @@
 """The LLM judge against a local fake judge (tests/fakes/judge.py) through the official openai
 SDK: valid verdicts, a malformed reply asked again (then valid, or a judge_error), a 500 and a
 slow judge as judge_errors, the bound on calls in flight, the verdict cache, OpenAI's
-score_model / label_model shapes and templating, and pairwise comparison both ways round."""
+score_model / label_model shapes, and pairwise comparison both ways round."""
 
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ from services.evaluator.judge import (
 )
 from services.evaluator.judge_records import DbVerdictCache
 from services.evaluator.pairwise import compare
-from services.evaluator.templating import TemplateError, render
 from shared.db import make_engine
 from tests.fakes.judge import FakeJudge
 
@@ -78,19 +77,6 @@ async def ask(
         sample={"output_text": answer},
         rubric=rubric,
     )
-
-
-def test_templating_fills_item_and_sample_once_and_names_what_is_missing() -> None:
-    text = render(
-        "{{ item.a.b }} / {{sample.output_text}} / {{item.list.1}}",
-        item={"a": {"b": "{{item.x}}"}, "list": [1, {"k": 2}]},
-        sample={"output_text": "hi"},
-    )
-    assert text == '{{item.x}} / hi / {"k": 2}'  # a value is never expanded again
-    with pytest.raises(TemplateError, match=r"item\.nope is not there"):
-        render("{{item.nope}}", item={}, sample={})
-    with pytest.raises(TemplateError, match="unknown namespace 'other'"):
-        render("{{other.x}}", item={}, sample={})
 
 
 def test_a_score_is_read_from_prose_or_a_fence_and_refused_naming_the_field() -> None:
@@ -231,7 +217,7 @@ async def test_label_model_passes_on_a_passing_label(client: JudgeClient) -> Non
     assert (rude.value, rude.passed, rude.score) == ("rude", False, 0.0)
     broken = await grade(client, grader, tenant="acme", item={}, sample={})
     assert broken.error is not None
-    assert "sample.output_text is not there" in broken.error
+    assert "sample.output_text is not in this item" in broken.error
 
 
 async def test_pairwise_asks_both_ways_round_and_a_disagreement_is_a_tie(
