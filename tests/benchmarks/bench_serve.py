@@ -232,7 +232,7 @@ class Baseline:
 
         tokenizer = self.tokenizer
         eos = tokenizer.eos_token_id
-        # The engine's rendering (lora_engine.prompt_ids): the template as text, then its ids.
+        # The engine's rendering (completions.prompt_ids): the template as text, then its ids.
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos

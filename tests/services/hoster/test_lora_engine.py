@@ -16,7 +16,8 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from services.hoster.lora_engine import Engine, PhaseGate, build_app
+from services.hoster.lora_engine import Engine, build_app
+from services.hoster.phase_gate import PhaseGate
 from tests.plugins.models import build_tiny_causal_lm, build_tiny_tokenizer
 
 BASE = "SmolLM2-135M-Instruct"

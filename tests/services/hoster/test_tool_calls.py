@@ -7,7 +7,7 @@ import json
 
 from openai.types.chat import ChatCompletion
 
-from services.hoster.lora_engine import Completion
+from services.hoster.completions import Completion
 from shared.tool_calls import read_tool_calls
 
 
