@@ -142,7 +142,7 @@ class ServiceRuntime:
         """The service's app. `untraced(scope)` picks requests FastAPI makes no span for: a hot
         path that counts its own metrics (the gateway's proxy routes), where a span per call
         would cost more than the work it describes. Every route's body passes BodyGuard (the
-        key first, then TUNELOOP_APP_MAX_JSON_BODY_BYTES) unless it is `reads_own_body`."""
+        key first, then TUNELOOP_MAX_JSON_BODY_BYTES) unless it is `reads_own_body`."""
         app = FastAPI(
             title=f"tuneloop {self.name}",
             summary=summary,

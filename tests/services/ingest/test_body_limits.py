@@ -1,5 +1,5 @@
 """The ingest process's JSON routes: the key is checked before the body is read, and a body over
-TUNELOOP_APP_MAX_JSON_BODY_BYTES gets 413 (declared or chunked) before it is parsed."""
+TUNELOOP_MAX_JSON_BODY_BYTES gets 413 (declared or chunked) before it is parsed."""
 
 from __future__ import annotations
 
