@@ -5,8 +5,10 @@ a 404, as if it did not exist."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
-from typing import Any, Literal, cast
+from collections.abc import Callable
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, cast
 
 import httpx
 from sqlalchemy.engine import Engine
@@ -19,6 +21,10 @@ from services.evaluator.models import EvalsEvalRow, EvalsOutputItemRow, EvalsRun
 from shared.settings import Settings
 
 EVAL_PREFIX, RUN_PREFIX, ITEM_PREFIX = "eval_", "evalrun_", "outputitem_"
+T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
+ListT = TypeVar("ListT", protocol.EvalList, protocol.RunList, protocol.OutputItemList)
 ItemStatus = Literal["pass", "fail", "error"]
 # What a `completions` run puts in the `sample` namespace (OpenAI's names).
 SAMPLE_SCHEMA: dict[str, Any] = {
@@ -45,6 +51,32 @@ def _seconds(row: Any, name: str = "created_at") -> int:
     return int(getattr(row, name).timestamp())
 
 
+def _found(value: T | None, kind: str, ident: str, param: str) -> T:
+    """`value`, or the 404 naming `param` when there is none (or it is another tenant's)."""
+    if value is None:
+        raise not_found(kind, ident, param)
+    return value
+
+
+def _listed(
+    shape: type[ListT],
+    page: store.Page[R] | None,
+    to_object: Callable[[R], Any],
+    kind: str,
+    after: str | None,
+) -> ListT:
+    """A page of rows in OpenAI's list shape (its objects, the first and last ids, whether more
+    follow); the 404 naming `after` when the store found no such `kind` to page after."""
+    found = _found(page, kind, str(after), "after")
+    data = [to_object(row) for row in found.rows]
+    return shape(
+        data=data,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+        has_more=found.has_more,
+    )
+
+
 def eval_object(row: EvalsEvalRow) -> protocol.Eval:
     config = store.loads(row.data_source_config)
     schema: dict[str, Any] = {
@@ -67,10 +99,7 @@ def eval_object(row: EvalsEvalRow) -> protocol.Eval:
 
 def eval_by_id(engine: Engine, tenant: str, eval_id: str) -> protocol.Eval:
     """The tenant's eval (blocking); 404 naming `eval_id` for any other."""
-    row = store.get_eval(engine, tenant, eval_id)
-    if row is None:
-        raise not_found("eval", eval_id, "eval_id")
-    return eval_object(row)
+    return eval_object(_found(store.get_eval(engine, tenant, eval_id), "eval", eval_id, "eval_id"))
 
 
 class Evals:
@@ -110,13 +139,17 @@ class Evals:
         await self.executor.stop()
         await self.reader.client.aclose()
 
+    async def _db(
+        self, work: Callable[Concatenate[Engine, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """A store function on this service's database, in a thread (it blocks)."""
+        return await asyncio.to_thread(work, self.engine, *args, **kwargs)
+
     # --- evals --------------------------------------------------------------------------------
 
     async def _eval_row(self, tenant: str, eval_id: str) -> EvalsEvalRow:
-        row = await asyncio.to_thread(store.get_eval, self.engine, tenant, eval_id)
-        if row is None:
-            raise not_found("eval", eval_id, "eval_id")
-        return row
+        row = await self._db(store.get_eval, tenant, eval_id)
+        return _found(row, "eval", eval_id, "eval_id")
 
     async def create_eval(self, tenant: str, body: protocol.EvalCreate) -> protocol.Eval:
         config = checks.check_eval(body)
@@ -131,45 +164,30 @@ class Evals:
                 [c.model_dump(mode="json", exclude_none=True) for c in body.testing_criteria]
             ),
         )
-        await asyncio.to_thread(store.add, self.engine, row)
+        await self._db(store.add, row)
         return eval_object(row)
 
     async def get_eval(self, tenant: str, eval_id: str) -> protocol.Eval:
-        return await asyncio.to_thread(eval_by_id, self.engine, tenant, eval_id)
+        return await self._db(eval_by_id, tenant, eval_id)
 
     async def list_evals(
         self, tenant: str, *, after: str | None, limit: int, order: store.Order, order_by: str
     ) -> protocol.EvalList:
-        page = await asyncio.to_thread(
-            store.list_evals, self.engine, tenant,
-            after=after, limit=limit, order=order, order_by=order_by,
-        )  # fmt: skip
-        if page is None:
-            raise not_found("eval", str(after), "after")
-        data = [eval_object(row) for row in page.rows]
-        return protocol.EvalList(
-            data=data,
-            first_id=data[0].id if data else None,
-            last_id=data[-1].id if data else None,
-            has_more=page.has_more,
+        page = await self._db(
+            store.list_evals, tenant, after=after, limit=limit, order=order, order_by=order_by
         )
+        return _listed(protocol.EvalList, page, eval_object, "eval", after)
 
     async def update_eval(
         self, tenant: str, eval_id: str, body: protocol.EvalUpdate
     ) -> protocol.Eval:
         meta = store.dumps(body.metadata) if "metadata" in body.model_fields_set else None
-        row = await asyncio.to_thread(
-            store.update_eval, self.engine, tenant, eval_id, name=body.name, meta=meta
-        )
-        if row is None:
-            raise not_found("eval", eval_id, "eval_id")
-        return eval_object(row)
+        row = await self._db(store.update_eval, tenant, eval_id, name=body.name, meta=meta)
+        return eval_object(_found(row, "eval", eval_id, "eval_id"))
 
     async def delete_eval(self, tenant: str, eval_id: str) -> protocol.EvalDeleted:
-        live = await asyncio.to_thread(store.delete_eval, self.engine, tenant, eval_id)
-        if live is None:
-            raise not_found("eval", eval_id, "eval_id")
-        for run_id in live:
+        live = await self._db(store.delete_eval, tenant, eval_id)
+        for run_id in _found(live, "eval", eval_id, "eval_id"):
             await self.executor.cancel(run_id)
         return protocol.EvalDeleted(deleted=True, eval_id=eval_id)
 
@@ -196,14 +214,15 @@ class Evals:
         eval_row = await self._eval_row(tenant, eval_id)
         source = body.data_source
         checks.check_writable(source.model_dump(mode="json"), "data_source")
-        if isinstance(source, protocol.CompletionsDataSource):
+        completions = source if isinstance(source, protocol.CompletionsDataSource) else None
+        if completions is not None:
             config = store.loads(eval_row.data_source_config)
-            checks.check_messages(source, checks.item_properties(config["item_schema"]))
+            checks.check_messages(completions, checks.item_properties(config["item_schema"]))
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         rows, param, label = await self._rows(body, headers)
         checks.check_rows(rows, eval_row, body, param=param, label=label, max_items=self.max_items)
         run_id = _new_id(RUN_PREFIX)
-        completions = isinstance(source, protocol.CompletionsDataSource)
+        given = completions is None  # a jsonl run's samples are given, a completions run's made
         run = EvalsRunRow(
             id=run_id,
             eval_id=eval_id,
@@ -211,7 +230,7 @@ class Evals:
             name=body.name or run_id,
             meta=store.dumps(body.metadata),
             data_source=store.dumps(source.model_dump(mode="json", exclude_none=True)),
-            model=source.model if isinstance(source, protocol.CompletionsDataSource) else None,
+            model=completions.model if completions is not None else None,
             status="queued",
             items=len(rows),
             per_criteria=store.dumps(
@@ -225,22 +244,27 @@ class Evals:
                 position=position,
                 id=_new_id(ITEM_PREFIX),
                 item=store.dumps(row.item),
-                sample=None if completions or row.sample is None else store.dumps(row.sample),
+                sample=store.dumps(row.sample) if given and row.sample is not None else None,
                 status="pending",
             )
             for position, row in enumerate(rows)
         ]
-        await asyncio.to_thread(store.add, self.engine, run, *items)
+        await self._db(store.add, run, *items)
         # The caller's key is kept (in memory) only while a model is to be called with it.
-        needs_key = completions or checks.judged(store.loads(eval_row.testing_criteria))
+        needs_key = completions is not None or checks.judged(store.loads(eval_row.testing_criteria))
         self.executor.submit(run_id, key if needs_key else None)
         return run_object(run)
 
     async def _run_row(self, tenant: str, eval_id: str, run_id: str) -> EvalsRunRow:
-        row = await asyncio.to_thread(store.get_run, self.engine, tenant, eval_id, run_id)
-        if row is None:
-            raise not_found("run", run_id, "run_id")
-        return row
+        row = await self._db(store.get_run, tenant, eval_id, run_id)
+        return _found(row, "run", run_id, "run_id")
+
+    async def _stop(self, run_id: str) -> EvalsRunRow | None:
+        """Cancel a live run: its status first (a conditional update: the runner never
+        overwrites it), then its task. The row canceled, or None when it was live no more."""
+        canceled = await self._db(store.set_status, run_id, "canceled")
+        await self.executor.cancel(run_id)
+        return canceled
 
     async def get_run(self, tenant: str, eval_id: str, run_id: str) -> protocol.Run:
         return run_object(await self._run_row(tenant, eval_id, run_id))
@@ -250,26 +274,15 @@ class Evals:
         order: store.Order, status: str | None,
     ) -> protocol.RunList:  # fmt: skip
         await self._eval_row(tenant, eval_id)
-        page = await asyncio.to_thread(
-            store.list_runs, self.engine, eval_id,
-            after=after, limit=limit, order=order, status=status,
-        )  # fmt: skip
-        if page is None:
-            raise not_found("run", str(after), "after")
-        data = [run_object(row) for row in page.rows]
-        return protocol.RunList(
-            data=data,
-            first_id=data[0].id if data else None,
-            last_id=data[-1].id if data else None,
-            has_more=page.has_more,
+        page = await self._db(
+            store.list_runs, eval_id, after=after, limit=limit, order=order, status=status
         )
+        return _listed(protocol.RunList, page, run_object, "run", after)
 
     async def cancel_run(self, tenant: str, eval_id: str, run_id: str) -> protocol.Run:
         row = await self._run_row(tenant, eval_id, run_id)
         if row.status in store.LIVE:
-            canceled = await asyncio.to_thread(store.set_status, self.engine, run_id, "canceled")
-            await self.executor.cancel(run_id)
-            row = canceled or await self._run_row(tenant, eval_id, run_id)
+            row = await self._stop(run_id) or await self._run_row(tenant, eval_id, run_id)
         if row.status != "canceled":
             raise EvalsError(
                 409, f"run_id: run {run_id} is {row.status}; only a queued or in-progress run "
@@ -280,9 +293,8 @@ class Evals:
     async def delete_run(self, tenant: str, eval_id: str, run_id: str) -> protocol.RunDeleted:
         row = await self._run_row(tenant, eval_id, run_id)
         if row.status in store.LIVE:
-            await asyncio.to_thread(store.set_status, self.engine, run_id, "canceled")
-            await self.executor.cancel(run_id)
-        await asyncio.to_thread(store.delete_run, self.engine, tenant, eval_id, run_id)
+            await self._stop(run_id)
+        await self._db(store.delete_run, tenant, eval_id, run_id)
         return protocol.RunDeleted(deleted=True, run_id=run_id)
 
     # --- output items -------------------------------------------------------------------------
@@ -292,28 +304,18 @@ class Evals:
         order: store.Order, status: str | None,
     ) -> protocol.OutputItemList:  # fmt: skip
         await self._run_row(tenant, eval_id, run_id)
-        page = await asyncio.to_thread(
-            store.list_items, self.engine, run_id,
-            after=after, limit=limit, order=order, status=status,
-        )  # fmt: skip
-        if page is None:
-            raise not_found("output item", str(after), "after")
-        data = [item_object(row, eval_id) for row in page.rows]
-        return protocol.OutputItemList(
-            data=data,
-            first_id=data[0].id if data else None,
-            last_id=data[-1].id if data else None,
-            has_more=page.has_more,
+        page = await self._db(
+            store.list_items, run_id, after=after, limit=limit, order=order, status=status
         )
+        to_object = functools.partial(item_object, eval_id=eval_id)
+        return _listed(protocol.OutputItemList, page, to_object, "output item", after)
 
     async def get_item(
         self, tenant: str, eval_id: str, run_id: str, item_id: str
     ) -> protocol.OutputItem:
         await self._run_row(tenant, eval_id, run_id)
-        row = await asyncio.to_thread(store.get_item, self.engine, run_id, item_id)
-        if row is None:
-            raise not_found("output item", item_id, "output_item_id")
-        return item_object(row, eval_id)
+        row = await self._db(store.get_item, run_id, item_id)
+        return item_object(_found(row, "output item", item_id, "output_item_id"), eval_id)
 
 
 def run_object(row: EvalsRunRow) -> protocol.Run:
