@@ -21,17 +21,13 @@ from shared.settings import Settings, get_settings
 keys_app = typer.Typer(no_args_is_help=True, help="A tenant's API keys (printed once).")
 console = Console()
 err = Console(stderr=True)
-_ANY_ADDRESS = ("0.0.0.0", "::", "")  # noqa: S104  # compared against, not bound to
 
 TenantOpt = Annotated[str, typer.Option("--tenant", help="tenant id, e.g. acme")]
 
 
 def gateway_base_url(settings: Settings) -> str:
     """Where OpenAI SDKs point `base_url` (a server bound to every address is reached locally)."""
-    host = settings.app.bind_host
-    host = "127.0.0.1" if host in _ANY_ADDRESS else host
-    host = f"[{host}]" if ":" in host else host
-    return f"http://{host}:{settings.services.ingest_port}/v1"
+    return f"{settings.local_url('ingest')}/v1"
 
 
 def _engine(settings: Settings) -> Engine:

@@ -13,9 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Environment = Literal["development", "test", "production"]
@@ -43,6 +50,16 @@ MIN_SECRET_LENGTH = 32
 # The local stack's S3 credentials: its SeaweedFS gateway is given these (localstack.prepare_s3).
 DEV_S3_ACCESS_KEY = "tuneloop-dev"
 DEV_S3_SECRET_KEY = "tuneloop-dev-secret"  # noqa: S105 - refused in production
+
+
+# Bind addresses that listen on every interface: a client on this machine connects to its
+# loopback instead.
+ANY_ADDRESS = ("0.0.0.0", "::", "")  # noqa: S104 - compared against, never bound to
+
+# A setting naming another service's base URL (TUNELOOP_INGEST_HOSTER_URL, ...): http(s), a host,
+# and an optional path, so a typo fails the start naming the variable rather than every call.
+# Empty, like unset, means the default (Settings.local_url).
+ServiceUrl = Annotated[str, StringConstraints(pattern=r"^(https?://[^\s/]+(/[^\s]*)?)?$")]
 
 
 class SettingsError(ValueError):
@@ -203,6 +220,16 @@ class Settings:
         if self.db.url:
             return self.db.url
         return f"sqlite:///{(self.app.data_dir / 'tuneloop.db').resolve()}"
+
+    def local_url(self, service: str) -> str:
+        """`service`'s base URL as the local stack runs it: this machine's bind host (its loopback
+        when bound to every address) and the service's port. The default of each setting that
+        names another service (TUNELOOP_INGEST_HOSTER_URL, TUNELOOP_EVALUATOR_INGEST_URL, ...),
+        which a deployment whose services do not share a host sets."""
+        host = self.app.bind_host
+        host = "127.0.0.1" if host in ANY_ADDRESS else host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.services.port_of(service)}"
 
 
 def _env_name(cls: type[BaseSettings], loc: tuple[Any, ...]) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.settings import Settings
+from shared.settings import ServiceUrl, Settings
 from shared.tasks import TaskKind
 
 
@@ -19,7 +19,7 @@ class EvaluatorSettings(BaseSettings):
     )
 
     # The hoster's internal API; default: the local stack's (bind host, hoster port).
-    hoster_url: str | None = None
+    hoster_url: ServiceUrl | None = None
     # Requests in flight on an engine: the CPU engine decodes the requests waiting together as
     # one batch (docs/hoster.md), so an eval point's items go at once (32 in one batch: 70
     # tokens/s on one thread, 16: 54).
@@ -30,7 +30,7 @@ class EvaluatorSettings(BaseSettings):
     keepalive_s: float = Field(default=20.0, gt=0)
     # The Evals API (docs/evaluator.md): the gateway its runs call models through, and where
     # uploaded files and datasets are read from; default: the local stack's ingest.
-    ingest_url: str | None = None
+    ingest_url: ServiceUrl | None = None
     # Generations in flight per run, and runs executing at once (the rest wait, queued).
     evals_concurrency: int = Field(default=8, ge=1, le=64)
     evals_runs_at_once: int = Field(default=2, ge=1, le=16)
@@ -61,19 +61,10 @@ class EvaluatorSettings(BaseSettings):
     serving_margin: float = Field(default=0.0, ge=0, le=1)
 
     def hoster(self, settings: Settings) -> str:
-        if self.hoster_url:
-            return self.hoster_url.rstrip("/")
-        host = settings.app.bind_host
-        # A wildcard bind address listens everywhere; connect to this machine's loopback.
-        host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # noqa: S104
-        return f"http://{host}:{settings.services.hoster_port}"
+        return self.hoster_url.rstrip("/") if self.hoster_url else settings.local_url("hoster")
 
     def ingest(self, settings: Settings) -> str:
-        if self.ingest_url:
-            return self.ingest_url.rstrip("/")
-        host = settings.app.bind_host
-        host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # noqa: S104
-        return f"http://{host}:{settings.services.port_of('ingest')}"
+        return self.ingest_url.rstrip("/") if self.ingest_url else settings.local_url("ingest")
 
 
 class JudgeSettings(BaseSettings):

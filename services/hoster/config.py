@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.hoster.vllm_profiles import GPU_MEMORY_MIB
+from shared.settings import ANY_ADDRESS
 
 
 class HosterSettings(BaseSettings):
@@ -81,5 +82,4 @@ class HosterSettings(BaseSettings):
     def advertised_host(self) -> str:
         if self.engine_host:
             return self.engine_host
-        everywhere = self.engine_bind_host in ("0.0.0.0", "::")  # noqa: S104
-        return "127.0.0.1" if everywhere else self.engine_bind_host
+        return "127.0.0.1" if self.engine_bind_host in ANY_ADDRESS else self.engine_bind_host

@@ -10,7 +10,10 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.processes import CpuClass
+from shared.settings import ServiceUrl, Settings
 
+# The services ingest calls (their URLs are settings below).
+OtherService = Literal["scheduler", "evaluator", "hoster"]
 _DEFAULT_UPSTREAMS = Path(__file__).resolve().parents[2] / "deploy" / "local" / "upstreams.yaml"
 
 
@@ -27,6 +30,13 @@ class IngestSettings(BaseSettings):
     )
 
     upstreams_file: Path = _DEFAULT_UPSTREAMS
+    # The services the gateway relays the control plane to (forwarding.py: /v1/fine_tuning to the
+    # scheduler, /v1/evals and /v1/shadow_scores to the evaluator, /v1/models, /v1/deployments
+    # and /v1/served_names to the hoster), and the hoster it wakes cold deployments through
+    # (wake.py); default: the local stack's (bind host, the service's port).
+    scheduler_url: ServiceUrl | None = None
+    evaluator_url: ServiceUrl | None = None
+    hoster_url: ServiceUrl | None = None
     # Upstream calls: connect fast, but let long generations stream for as long as they take.
     upstream_connect_timeout_s: float = Field(default=10.0, gt=0)
     upstream_read_timeout_s: float = Field(default=600.0, gt=0)
@@ -83,3 +93,11 @@ class IngestSettings(BaseSettings):
     dataset_file_wait_s: float = Field(default=60.0, ge=0)
     # A pause after each build step: 0 in service; tests set it to stop a build at a known point.
     dataset_step_pause_s: float = Field(default=0.0, ge=0)
+
+    def service_url(self, service: OtherService, settings: Settings) -> str:
+        own = {
+            "scheduler": self.scheduler_url,
+            "evaluator": self.evaluator_url,
+            "hoster": self.hoster_url,
+        }[service]
+        return own.rstrip("/") if own else settings.local_url(service)

@@ -15,11 +15,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from services.ingest import targets
+from services.ingest.config import IngestSettings, OtherService
 from services.ingest.proxy import HOP_BY_HOP
 from shared.settings import Settings
 
 # First path segment after /v1 -> owning service.
-OWNERS = {
+OWNERS: dict[str, OtherService] = {
     "fine_tuning": "scheduler",
     "models": "hoster",
     "deployments": "hoster",
@@ -37,11 +38,9 @@ def control_client() -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0), cookies=no_cookies)
 
 
-def service_urls(settings: Settings) -> dict[str, str]:
-    host = settings.app.bind_host
-    return {
-        name: f"http://{host}:{settings.services.port_of(name)}" for name in set(OWNERS.values())
-    }
+def service_urls(settings: Settings, own: IngestSettings) -> dict[str, str]:
+    """Each owning service's base URL: TUNELOOP_INGEST_<SERVICE>_URL, else the local stack's."""
+    return {name: own.service_url(name, settings) for name in set(OWNERS.values())}
 
 
 async def relay(

@@ -99,7 +99,7 @@ class Ingest:
             report=publish_event,
             waker=Waker(
                 client=httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0)),
-                hoster_url=service_urls(settings)["hoster"],
+                hoster_url=ingest_settings.service_url("hoster", settings),
                 service_token=settings.auth.service_token.get_secret_value(),
                 timeout_s=ingest_settings.wake_timeout_s,
             ),
@@ -117,7 +117,7 @@ class Ingest:
             store,
             pipeline,
             gateway,
-            service_urls(settings),
+            service_urls(settings, ingest_settings),
             control_client,
             engine,
             spool_dir,

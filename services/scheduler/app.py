@@ -37,9 +37,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     runtime = ServiceRuntime(SERVICE, settings)
     common = runtime.settings
     own = SchedulerSettings.load(common.app)
-    ingest_url = own.ingest_url or (
-        f"http://{common.app.bind_host}:{common.services.port_of('ingest')}"
-    )
 
     ladder = load_ladder(own.providers_file)
     check_reachable(ladder, own.public_url)
@@ -55,7 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings=own,
         data_dir=common.app.data_dir.resolve(),
         webhook_base=runtime.address,
-        ingest_url=ingest_url,
+        ingest_url=own.ingest(common),
         http=httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0)),
     )
     reports = ReportReceiver(
@@ -66,7 +63,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     retrainer = Retrainer(
         engine=runtime.engine,
         scheduler=scheduler,
-        traffic=Traffic(scheduler.http, ingest_url, common.auth.service_token.get_secret_value()),
+        traffic=Traffic(
+            scheduler.http, scheduler.ingest_url, common.auth.service_token.get_secret_value()
+        ),
         publish=publish,
     )
     runtime.include_router(handlers.build_router(scheduler))

@@ -14,7 +14,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.scheduler.throughput import DeviceClass
-from shared.settings import AppSettings, refuse_weak_secrets
+from shared.settings import AppSettings, ServiceUrl, Settings, refuse_weak_secrets
 
 
 class SchedulerSettings(BaseSettings):
@@ -41,8 +41,9 @@ class SchedulerSettings(BaseSettings):
     # The scheduler's base URL as trainers on other machines reach it (a Kubernetes or SkyPilot
     # rung's), for their reports; a rung's `report_url` wins. None: local trainers only.
     public_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
-    # The ingest service, for dataset builds of uploaded files (default: the local stack's).
-    ingest_url: str | None = None
+    # The ingest service, for dataset builds of uploaded files and retrain policies' traffic
+    # counts; default: the local stack's (bind host, ingest port).
+    ingest_url: ServiceUrl | None = None
     # The GPU ladder (ladder.py); None: the local provider alone.
     providers_file: Path | None = None
     # Attempts a job may fail (a crash, a NaN, a lost trainer) before it fails; preemptions and
@@ -69,6 +70,9 @@ class SchedulerSettings(BaseSettings):
             return True
         start, end = (int(part) for part in self.batch_window.split("-"))
         return start <= hour < end if start <= end else hour >= start or hour < end
+
+    def ingest(self, settings: Settings) -> str:
+        return self.ingest_url.rstrip("/") if self.ingest_url else settings.local_url("ingest")
 
     @classmethod
     def load(cls, app: AppSettings) -> SchedulerSettings:
