@@ -11,6 +11,7 @@ import math
 import re
 
 from kubernetes.client import (
+    V1Capabilities,
     V1Container,
     V1EnvFromSource,
     V1EnvVar,
@@ -21,12 +22,15 @@ from kubernetes.client import (
     V1PodFailurePolicyOnExitCodesRequirement,
     V1PodFailurePolicyOnPodConditionsPattern,
     V1PodFailurePolicyRule,
+    V1PodSecurityContext,
     V1PodSpec,
     V1PodTemplateSpec,
     V1ResourceRequirements,
+    V1SeccompProfile,
     V1Secret,
     V1SecretEnvSource,
     V1SecretVolumeSource,
+    V1SecurityContext,
     V1Volume,
     V1VolumeMount,
 )
@@ -152,10 +156,23 @@ def _pod_spec(spec: LaunchSpec, options: KubernetesOptions, name: str) -> V1PodS
         ),
         resources=V1ResourceRequirements(limits=devices, requests=devices) if devices else None,
         volume_mounts=[V1VolumeMount(name="job-config", mount_path=CONFIG_DIR, read_only=True)],
+        # Pod Security `restricted`, with the pod's settings below.
+        security_context=V1SecurityContext(
+            allow_privilege_escalation=False, capabilities=V1Capabilities(drop=["ALL"])
+        ),
     )
     return V1PodSpec(
         restart_policy="Never",  # a pod failure policy requires it; a retry is a new attempt
         containers=[trainer],
+        # Never root. fsGroup: the kubelet gives the Secret volume's files (0400, owned by root)
+        # to this group with group read (0440), so the trainer's user reads job.json.
+        security_context=V1PodSecurityContext(
+            run_as_non_root=True,
+            run_as_user=options.run_as_user,
+            run_as_group=options.run_as_group,
+            fs_group=options.run_as_group,
+            seccomp_profile=V1SeccompProfile(type="RuntimeDefault"),
+        ),
         volumes=[
             V1Volume(
                 name="job-config",

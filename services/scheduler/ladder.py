@@ -43,6 +43,11 @@ class KubernetesOptions(_Strict):
     device_resource: str = "nvidia.com/gpu"
     # A Secret in the namespace holding the object storage credentials the trainer needs.
     storage_secret: str | None = None
+    # The trainer pod's user and group: never root (Pod Security `restricted`). The defaults are
+    # deploy/Dockerfile's uid/gid 10001; the group is also the pod's fsGroup, which makes the
+    # job.json volume (0400, root's) readable to it.
+    run_as_user: int = Field(default=10001, ge=1)
+    run_as_group: int = Field(default=10001, ge=1)
 
 
 class SkyPilotOptions(_Strict):

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.config import kube_config
+from pydantic import ValidationError
 
 from services.scheduler.kubernetes_manifest import object_name
 from services.scheduler.kubernetes_provider import KubernetesError, KubernetesProvider
@@ -49,6 +50,9 @@ KUEUE_GPU = ProviderSpec(
         priority_class="batch-low",
         node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
         storage_secret="tuneloop-storage",
+        # An image of its own user and group (the defaults are deploy/Dockerfile's 10001).
+        run_as_user=2000,
+        run_as_group=3000,
     ),
 )
 
@@ -140,6 +144,12 @@ def test_submit_creates_the_golden_secret_and_job(
     assert secret["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
     stored = json.loads(base64.b64decode(secret["data"]["job.json"]))
     assert stored == launch(tmp_path).config
+
+
+@pytest.mark.parametrize("field", ["run_as_user", "run_as_group"])
+def test_a_rung_may_not_run_its_trainer_as_root(field: str) -> None:
+    with pytest.raises(ValidationError, match=field):
+        KubernetesOptions(image="registry.example/tuneloop:1", **{field: 0})
 
 
 def test_the_webhook_secret_is_only_ever_in_the_secret(
