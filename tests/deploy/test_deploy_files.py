@@ -27,7 +27,7 @@ from services.scheduler.ladder import load_ladder
 from services.scheduler.lifecycle import trainer_env
 from services.scheduler.providers import LaunchSpec
 from shared.events import STREAMS
-from shared.settings import ServicePorts
+from shared.settings import ANY_ADDRESS, ServicePorts
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -43,6 +43,21 @@ SETTINGS_MODULES = ["shared.settings"] + [
     f"services.{name}.config" for name in ("ingest", "scheduler", "evaluator", "hoster")
 ]
 TUNELOOP_NAME = re.compile(r"\bTUNELOOP_[A-Z0-9_]+")
+# A setting naming another service's base URL: TUNELOOP_<caller>_<callee>_URL.
+SERVICE_URL_SETTING = re.compile(
+    rf"TUNELOOP_({'|'.join(SERVICES).upper()})_({'|'.join(SERVICES).upper()})_URL"
+)
+# Pod Security `restricted`: the volume types it allows, and the one capability a container may add.
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
 INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:?[-?])?")
 
 
@@ -130,6 +145,56 @@ def python_module(command: list[str]) -> str | None:
     if command[:2] == ["python", "-m"]:
         return command[2]
     return None
+
+
+def service_url_settings() -> dict[str, str]:
+    """Every setting naming another service's URL -> the service it names (e.g.
+    TUNELOOP_INGEST_HOSTER_URL -> hoster), from the settings classes themselves."""
+    return {
+        name: match.group(2).lower()
+        for name in setting_names()
+        if (match := SERVICE_URL_SETTING.fullmatch(name))
+    }
+
+
+def restricted_problems(pod: dict[str, Any]) -> list[str]:
+    """Where a pod spec breaks Pod Security `restricted` (its baseline checks included), as the
+    admission controller reads it: pod-level settings hold for every container that does not
+    override them."""
+    problems = []
+    pod_context = pod.get("securityContext", {})
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(key):
+            problems.append(key)
+    for volume in pod.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            problems.append(f"volume {volume['name']}: {sorted(kinds)}")
+    for container in pod_containers(pod):
+        name = container["name"]
+        context = container.get("securityContext", {})
+
+        def setting(key: str, context: dict[str, Any] = context) -> Any:
+            return context.get(key, pod_context.get(key))
+
+        if context.get("privileged"):
+            problems.append(f"{name}: privileged")
+        if context.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{name}: allowPrivilegeEscalation is not false")
+        if setting("runAsNonRoot") is not True:
+            problems.append(f"{name}: runAsNonRoot is not true")
+        if setting("runAsUser") == 0:
+            problems.append(f"{name}: runAsUser 0")
+        if (setting("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{name}: seccompProfile is not RuntimeDefault or Localhost")
+        capabilities = context.get("capabilities", {})
+        if "ALL" not in capabilities.get("drop", []):
+            problems.append(f"{name}: capabilities do not drop ALL")
+        if set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{name}: adds {capabilities['add']}")
+        if any(port.get("hostPort") for port in container.get("ports", [])):
+            problems.append(f"{name}: hostPort")
+    return problems
 
 
 def render_trainer_job(tmp_path: Path) -> list[dict[str, Any]]:
@@ -241,6 +306,65 @@ def test_compose_sets_only_real_settings() -> None:
     assert not unknown, f"not settings (shared/settings.py, services/*/config.py): {unknown}"
     assert "TUNELOOP_DATABASE_URL" in tuneloop
     assert "TUNELOOP_HOSTER_ENGINE" in tuneloop
+
+
+def test_compose_runs_each_service_in_its_own_container_publishing_only_the_gateway() -> None:
+    services = compose()["services"]
+    for name, service in services.items():
+        # No shared network namespace: each reaches the others by name (the *_URL settings).
+        assert "network_mode" not in service, f"services.{name}.network_mode"
+    published = {name for name, service in services.items() if service.get("ports")}
+    assert published == {"ingest"}
+    (port,) = services["ingest"]["ports"]
+    assert interpolate(port, {}) == f"127.0.0.1:{PORTS.ingest_port}:{PORTS.ingest_port}"
+
+
+def compose_names(service: str) -> set[str]:
+    """The names a Compose service answers to on the project network: its own, its aliases."""
+    found = compose()["services"][service]
+    aliases = (found.get("networks") or {}).get("default", {}).get("aliases", [])
+    return {service, *aliases}
+
+
+def test_compose_service_urls_name_the_container_that_runs_that_service() -> None:
+    services = compose()["services"]
+    url_settings = service_url_settings()
+    # What issue 26 added and what existed: ingest -> scheduler/evaluator/hoster, the
+    # scheduler -> ingest, the evaluator -> ingest/hoster.
+    assert set(url_settings) == {
+        "TUNELOOP_INGEST_SCHEDULER_URL",
+        "TUNELOOP_INGEST_EVALUATOR_URL",
+        "TUNELOOP_INGEST_HOSTER_URL",
+        "TUNELOOP_SCHEDULER_INGEST_URL",
+        "TUNELOOP_EVALUATOR_INGEST_URL",
+        "TUNELOOP_EVALUATOR_HOSTER_URL",
+    }
+    for name, service in services.items():
+        command = service.get("command") or []
+        if python_module(command) not in {f"services.{s}" for s in SERVICES}:
+            continue
+        environment = service["environment"]
+        for setting, callee in url_settings.items():
+            assert setting in environment, f"services.{name}: {setting} unset"
+            host, _, port = environment[setting].removeprefix("http://").partition(":")
+            assert int(port) == PORTS.port_of(callee), f"services.{name}: {setting}"
+            # Every container that runs the callee (its cpu and gpu versions) answers to host.
+            runs_it = [
+                other
+                for other, spec in services.items()
+                if python_module(spec.get("command") or []) == f"services.{callee}"
+            ]
+            assert runs_it, callee
+            for other in runs_it:
+                assert host in compose_names(other), f"{setting}: {other} is not {host}"
+
+
+def test_compose_hoster_advertises_engines_by_a_name_the_others_resolve() -> None:
+    services = compose()["services"]
+    for name in ("hoster", "hoster-gpu"):
+        environment = services[name]["environment"]
+        assert environment["TUNELOOP_HOSTER_ENGINE_BIND_HOST"] in ANY_ADDRESS, name
+        assert environment["TUNELOOP_HOSTER_ENGINE_HOST"] in compose_names(name), name
 
 
 def test_compose_required_variables_are_in_the_env_example() -> None:
@@ -359,8 +483,7 @@ def test_kustomization_lists_every_manifest() -> None:
     (image,) = kustomization["images"]
     for deployment in all_k8s("Deployment"):
         for container in pod_containers(deployment["spec"]["template"]["spec"]):
-            if not container["name"].startswith("relay-"):
-                assert container["image"] == image["name"], container["name"]
+            assert container["image"] == image["name"], container["name"]
 
 
 def test_each_service_is_a_deployment_with_probes_a_service_and_no_root() -> None:
@@ -425,6 +548,54 @@ def test_kubernetes_sets_only_real_settings() -> None:
         "TUNELOOP_S3_SECRET_KEY",
     ):
         assert needed in tuneloop, needed
+
+
+def test_kubernetes_service_urls_name_the_services_of_their_owners() -> None:
+    (config,) = (c for c in all_k8s("ConfigMap") if c["metadata"]["name"] == "tuneloop-config")
+    services = {doc["metadata"]["name"]: doc for doc in all_k8s("Service")}
+    for setting, callee in service_url_settings().items():
+        assert setting in config["data"], f"tuneloop-config: {setting} unset"
+        host, _, port = config["data"][setting].removeprefix("http://").partition(":")
+        assert host == f"tuneloop-{callee}", setting
+        assert services[host]["spec"]["ports"][0]["port"] == int(port) == PORTS.port_of(callee)
+    # One container a pod: nothing stands in for a service on a pod's loopback.
+    for deployment in all_k8s("Deployment"):
+        containers = deployment["spec"]["template"]["spec"]["containers"]
+        assert len(containers) == 1, deployment["metadata"]["name"]
+    # The hoster's engines: on every address of its pod, advertised at the pod's IP.
+    assert config["data"]["TUNELOOP_HOSTER_ENGINE_BIND_HOST"] in ANY_ADDRESS
+    (hoster,) = (d for d in all_k8s("Deployment") if d["metadata"]["name"] == "tuneloop-hoster")
+    env = {e["name"]: e for e in hoster["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["TUNELOOP_HOSTER_ENGINE_HOST"]["value"] == "$(POD_IP)"
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+def test_every_pod_meets_the_restricted_pod_security_the_namespace_enforces(
+    tmp_path: Path,
+) -> None:
+    (namespace,) = all_k8s("Namespace")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in all_k8s("Deployment")}
+    _, job = render_trainer_job(tmp_path)
+    pods["trainer Job"] = job["spec"]["template"]["spec"]
+    assert {name: restricted_problems(pod) for name, pod in pods.items()} == {
+        name: [] for name in pods
+    }
+
+
+def test_a_pod_that_breaks_restricted_is_named() -> None:
+    """The check above can fail: what the trainer pod lacked before issue 26, and a hostPath."""
+    pod = {
+        "containers": [{"name": "trainer", "image": "tuneloop"}],
+        "volumes": [{"name": "models", "hostPath": {"path": "/models"}}],
+    }
+    assert restricted_problems(pod) == [
+        "volume models: ['hostPath']",
+        "trainer: allowPrivilegeEscalation is not false",
+        "trainer: runAsNonRoot is not true",
+        "trainer: seccompProfile is not RuntimeDefault or Localhost",
+        "trainer: capabilities do not drop ALL",
+    ]
 
 
 def test_scheduler_may_do_what_the_kubernetes_provider_does() -> None:

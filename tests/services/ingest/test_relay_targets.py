@@ -120,8 +120,8 @@ class Moved:
     url: str
     key: str
     # Each service's stand-in at its configured URL, and at the bind host's port (the default).
-    configured: dict[str, RawRecorder]
-    at_bind_host: dict[str, RawRecorder]
+    configured: dict[OtherService, RawRecorder]
+    at_bind_host: dict[OtherService, RawRecorder]
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +199,7 @@ def test_a_relay_target_defaults_to_the_bind_host_and_its_port(
         else:  # set but empty (`${VAR:-}` in Compose): the default too
             monkeypatch.setenv(f"TUNELOOP_INGEST_{name.upper()}_URL", unset)
     own = IngestSettings()
-    ports = {f"{name}_port": 9000 + i for i, name in enumerate(RELAYED)}
+    ports: dict[str, object] = {f"{name}_port": 9000 + i for i, name in enumerate(RELAYED)}
     for bind_host, expected in [
         ("10.0.0.7", "10.0.0.7"),
         ("0.0.0.0", "127.0.0.1"),  # noqa: S104 - every address: reached on the loopback
