@@ -25,6 +25,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from faststream.nats import NatsRouter
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared import bus, db
@@ -153,6 +154,7 @@ class ServiceRuntime:
         app.state.db_engine = self.engine
         app.openapi = _with_error_messages(app.openapi)  # type: ignore[method-assign]
         app.add_exception_handler(RequestValidationError, validation_error)
+        app.add_exception_handler(HTTPException, key_refused)
         app.include_router(self._health_router())
         app.include_router(api)
         app.add_middleware(
@@ -163,6 +165,23 @@ class ServiceRuntime:
             self.name, otlp_endpoint=self.settings.telemetry.otlp_endpoint, app=app
         )
         return app
+
+
+_KEY_CODES = {401: "invalid_api_key", 403: "insufficient_scope"}
+
+
+async def key_refused(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's HTTPException body (`detail`), plus, for a key refused (401, 403 from
+    shared.auth), OpenAI's `error` beside it: the gateway answers SDK callers, whose exception
+    reads `error.code` and `error.message`."""
+    assert isinstance(exc, HTTPException)
+    body: dict[str, Any] = {"detail": exc.detail}
+    code = _KEY_CODES.get(exc.status_code)
+    if code is not None:
+        message = str(exc.detail)
+        body["error"] = {"message": message, "type": "invalid_request_error", "param": None,
+                         "code": code}  # fmt: skip
+    return JSONResponse(body, exc.status_code, headers=exc.headers)
 
 
 async def validation_error(request: Request, exc: Exception) -> JSONResponse:

@@ -328,9 +328,9 @@ class Gateway:
                 body=body,
             )
         except AuthError as exc:  # a missing key included
-            return error_response(api, 401, str(exc))
+            return error_response(api, 401, str(exc), code="invalid_api_key")
         except ScopeError as exc:
-            return error_response(api, 403, str(exc))
+            return error_response(api, 403, str(exc), code="insufficient_scope")
         except BodyTooLarge as exc:
             return error_response(api, 413, str(exc))
         except targets.BadTarget as exc:

@@ -302,8 +302,9 @@ def test_another_tenant_sees_nothing_and_a_read_key_changes_nothing(stack: Stack
     )  # fmt: skip
     with pytest.raises(openai.PermissionDeniedError) as refused:
         reader.evals.update(eval_id, name="renamed by a reader")
-    # The gateway refuses it before relaying (its own 403 body, not OpenAI's shape).
-    assert "needs a key with scope 'write'" in refused.value.response.json()["detail"]
+    # The gateway refuses it before relaying, in OpenAI's shape as the evaluator would.
+    assert refused.value.code == "insufficient_scope"
+    assert "needs a key with scope 'write'" in refused.value.message
     with pytest.raises(openai.PermissionDeniedError):
         reader.evals.runs.delete(run.id, eval_id=eval_id)
     assert reader.evals.retrieve(eval_id).name == "capitals"

@@ -31,6 +31,12 @@ from tests.services.ingest.conftest import ADMIN, Edge
 from tests.services.ingest.test_datasets_api import post
 from tests.services.ingest.test_datasets_flow import PROMPTS, wait_finished
 
+OPENAI_GATEWAY_ROUTES = (
+    "/v1/chat/completions",
+    "/v1/responses",
+    "/v1/embeddings",
+    "/v1/completions",
+)
 # Routes that take the operator's admin token, not a tenant's key (a tenant key is a 401 there).
 ADMIN_TOKEN_ROUTES = re.compile(r"^/v1/admin/")
 # Path parameters the routes need to reach their scope check (others get "x").
@@ -105,10 +111,10 @@ def test_a_read_key_gets_403_on_every_change_of_every_ingest_route(
     edge: Edge, read_key: str
 ) -> None:
     calls = list(_calls(_ingest_app()))
-    changes = [(method, path) for method, path, _ in calls if method not in ("GET", "HEAD")]
-    assert ("POST", "/v1/files") in changes
-    assert ("POST", "/v1/chat/completions") in changes
-    for method, path in changes:
+    changes = [(m, p, tags) for m, p, tags in calls if m not in ("GET", "HEAD")]
+    assert ("POST", "/v1/files") in [(method, path) for method, path, _ in changes]
+    assert ("POST", "/v1/chat/completions") in [(method, path) for method, path, _ in changes]
+    for method, path, tags in changes:
         answer = httpx.request(
             method,
             f"{edge.url}{path}",
@@ -116,6 +122,11 @@ def test_a_read_key_gets_403_on_every_change_of_every_ingest_route(
         )
         assert answer.status_code == 403, (method, path, answer.text)
         assert "scope 'read'" in answer.text, (method, path, answer.text)
+        # The SDKs read a code. The API routes: OpenAI's shape beside FastAPI's `detail`; the
+        # gateway's OpenAI routes too (Anthropic's and Gemini's speak their own, OTLP its Status).
+        openai_shaped = not {"gateway", "otlp"} & tags or path in OPENAI_GATEWAY_ROUTES
+        if openai_shaped:
+            assert answer.json()["error"]["code"] == "insufficient_scope", (method, path)
     # Reads stay open to it, except the gateway's (provider calls cost money) and the keys'.
     for method, path, tags in calls:
         if method == "GET" and not {"gateway", "keys"} & tags:
@@ -136,6 +147,7 @@ def test_a_read_key_gets_403_on_every_change_of_the_other_services(
         if method not in ("GET", "HEAD"):
             answer = client.request(method, path, headers=_bearer(read_key))
             assert answer.status_code == 403, (method, path, answer.text)
+            assert answer.json()["error"]["code"] == "insufficient_scope", (method, path)
 
 
 def test_gateway_calls_need_a_write_or_internal_key(
