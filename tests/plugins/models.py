@@ -135,6 +135,25 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_stopping_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with an end-of-turn token it can learn to say. Llama's embedding zeroes the
+    pad token's row, and pad is eos here (tied embeddings, as SmolLM2): `<|im_end|>`'s logit is 0
+    whatever the hidden state, so a LoRA run (embeddings frozen) can never teach the model to
+    stop, and every answer runs to max_tokens. Here that row is random like the others, as a
+    trained model's is; a few dozen LoRA steps then learn a short answer and its end."""
+    model = build_tiny_causal_lm()
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(1)
+        embeddings = model.get_input_embeddings().weight
+        assert isinstance(embeddings, torch.Tensor)
+        embeddings[model.config.eos_token_id].normal_(0.0, model.config.initializer_range)
+    model_dir = tmp_path_factory.mktemp("tiny-llama-stopping")
+    model.save_pretrained(model_dir)
+    build_tiny_tokenizer().save_pretrained(model_dir)
+    return model_dir
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The converted SmolLM2-135M-Instruct; converted here (~30 s) if `make` has not done it."""
     return convert_gguf_to_hf(smollm2_gguf_path(), smollm2_model_dir())
