@@ -96,6 +96,9 @@ class RuntimeSettings(_Strict):
     # default (OMP_NUM_THREADS, else one per core). Set it when training shares the machine with
     # an eval engine, so the two split the cores by plan instead of contending for all of them.
     torch_threads: int | None = Field(default=None, ge=1, le=1024)
+    # CPU training beside other work (the eval engine): after each step, run on the cores the
+    # other processes left free, at most torch_threads (services/trainer/cpu_share.py).
+    share_cores: bool = False
 
 
 class WebhookSettings(_Strict):

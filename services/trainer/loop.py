@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import psutil
 import torch
 from transformers import PreTrainedModel
 
@@ -46,6 +47,7 @@ from services.trainer.checkpoints import (
     save_training_state,
 )
 from services.trainer.config import ConfigError, JobConfig
+from services.trainer.cpu_share import CoreShare
 from services.trainer.data import (
     DataPosition,
     DatasetError,
@@ -189,6 +191,13 @@ class _Run:
         log.info("training data ready", extra={"data": self.data_stats})
 
     def _setup_model(self) -> None:
+        self.cores = (
+            CoreShare(limit=torch.get_num_threads(), cores=psutil.cpu_count() or 1)
+            if self.config.runtime.share_cores
+            and self.ctx.device.type == "cpu"
+            and self.ctx.world_size == 1
+            else None
+        )
         _seed_everything(self.hp.seed)  # LoRA's initial weights come from the global RNG
         self.model = build_model(self.config, self.model_dir, self.ctx.device)
         params = count_parameters(self.model)
@@ -284,6 +293,8 @@ class _Run:
             self.history.append(asdict(metrics))
             window.append(metrics.loss)
             self.reports.progress(metrics, clock.eta_s(step, self.data.total_steps))
+            if self.cores is not None:
+                self.cores.after_step()
             if self.on_step is not None:
                 self.on_step(metrics)
             stopping = dist_utils.any_across(self.stop.is_set(), self.ctx)
