@@ -245,9 +245,14 @@ def _token_stats(samples: Sequence[Sample], counter: TokenCounter, limit: int) -
     counted = _token_sample(samples, limit)
     counter.prime_samples(counted)
     pairs = [counter.prompt_completion(s) for s in counted]
+    # The final answer's own text, without the template tokens around a turn that `completion`
+    # counts (SmolLM2 adds ~7 to every answer): what "a short label" is judged on.
+    answers = [m.text() for s in counted if (m := s.completion()) is not None]
+    counter.prime(answers)
     return {
         "prompt": _percentiles([prompt for prompt, _ in pairs]),
         "completion": _percentiles([completion for _, completion in pairs]),
+        "answer": _percentiles([counter.count(text) for text in answers]),
         "counted_samples": len(counted),
         "estimated": len(counted) < len(samples),
     }

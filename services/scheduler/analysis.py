@@ -46,6 +46,13 @@ class DatasetProfile:
     json_share: float  # final assistant turns that are one JSON object
     tool_share: float  # samples whose assistant turns call tools
     distinct_answers: int  # distinct final assistant texts
+    # The final answers' own tokens, without the chat template's tokens around a turn that
+    # `completion` counts; None for a snapshot whose stats predate it (completion is used).
+    answer: Lengths | None = None
+
+    @property
+    def answer_p90(self) -> int:
+        return (self.answer or self.completion).p90
 
     @property
     def task_kind(self) -> TaskKind:
@@ -62,12 +69,9 @@ def task_kind(profile: DatasetProfile) -> tuple[TaskKind, str]:
             "json",
             f"{profile.json_share:.0%} of answers are one JSON object (>= {JSON_SHARE:.0%})",
         )
-    if (
-        profile.completion.p90 <= LABEL_MAX_TOKENS
-        and profile.distinct_answers <= LABEL_MAX_DISTINCT
-    ):
+    if profile.answer_p90 <= LABEL_MAX_TOKENS and profile.distinct_answers <= LABEL_MAX_DISTINCT:
         return "short_label", (
-            f"answers are short (p90 {profile.completion.p90} <= {LABEL_MAX_TOKENS} tokens) "
+            f"answers are short (p90 {profile.answer_p90} <= {LABEL_MAX_TOKENS} tokens) "
             f"from {profile.distinct_answers} distinct values (<= {LABEL_MAX_DISTINCT})"
         )
     return "free_text", "answers are neither JSON objects, tool calls nor short labels"
@@ -119,6 +123,7 @@ def profile_dataset(
         json_share=sum(map(is_json_object, answers)) / counted,
         tool_share=calling / max(n_train, 1),
         distinct_answers=len(set(answers)),
+        answer=Lengths.of(tokens["answer"]) if "answer" in tokens else None,
     )
 
 

@@ -3,6 +3,7 @@ long, JSON, free text, labels and tool calls. Each decision must carry a reason 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -125,6 +126,14 @@ def test_short_labels_are_recognised() -> None:
     assert task_kind(labels)[0] == "short_label"
     many = profile(1000, completion=(2, 3, 4), example=(80, 100, 120), distinct=500)
     assert task_kind(many)[0] == "free_text"
+    # A turn's template tokens are not the answer's: "needs human review" is 9 tokens as a
+    # SmolLM2 turn and 3 as an answer; the rule reads the answer when the stats have it.
+    templated = profile(1000, completion=(8, 9, 9), example=(80, 100, 120), distinct=4)
+    assert task_kind(templated)[0] == "free_text"
+    answered = replace(templated, answer=Lengths(2, 3, 3, 3))
+    kind, rule = task_kind(answered)
+    assert kind == "short_label"
+    assert "p90 3 <= 8" in rule
 
 
 def test_user_values_win_and_are_marked_as_the_users() -> None:
@@ -187,6 +196,9 @@ def test_a_profile_reads_the_snapshot_stats_and_the_answers() -> None:
     }
     samples = [_sample('{"a": 1}'), _sample('{"a": 2}'), _sample("not json")]
     result = profile_dataset(stats, samples)
+    assert result.answer is None  # stats written before answers were counted
+    stats["train"]["tokens"]["answer"] = {"p50": 3, "p90": 4, "p99": 5, "max": 6}
+    assert profile_dataset(stats, samples).answer == Lengths(3, 4, 5, 6)
     assert (result.n_train, result.n_eval) == (3, 1)
     assert result.example.p99 == 190
     assert result.json_share == pytest.approx(2 / 3)

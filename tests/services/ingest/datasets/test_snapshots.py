@@ -161,6 +161,11 @@ def test_stats_count_tokens_turns_tools_and_modalities(tiny_tokenizer) -> None:
     assert 0 < prompt["p50"] <= prompt["p90"] <= prompt["p99"] <= prompt["max"]
     first = counter.prompt_completion(samples[0])
     assert first[1] == counter.count("assistant\nanswer 0") + counter.per_message
+    # The answers' own tokens, without the template around the turn that `completion` counts.
+    answers = [counter.count(s.messages[-1].text()) for s in samples[:-3]]
+    assert train["tokens"]["answer"]["max"] == max(answers)
+    assert train["tokens"]["answer"]["total"] == sum(answers)
+    assert train["tokens"]["answer"]["max"] < train["tokens"]["completion"]["max"]
 
 
 def test_token_percentiles_of_a_big_split_come_from_a_fixed_subsample() -> None:
