@@ -24,6 +24,7 @@ from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteria
 from transformers.generation.streamers import BaseStreamer
 
 from services.hoster.structured import Guided
+from shared.cpu_share import CoreShare
 
 DONE = object()  # the end of a request's tokens
 
@@ -48,8 +49,17 @@ class Request:
 class Batcher:
     """Runs one model's requests in batches of up to `max_batch`, one batch at a time."""
 
-    def __init__(self, model: Any, *, pad_id: int, eos_id: int | None, max_batch: int) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        pad_id: int,
+        eos_id: int | None,
+        max_batch: int,
+        cores: CoreShare | None = None,
+    ) -> None:
         self.model, self.pad_id, self.eos_id, self.max_batch = model, pad_id, eos_id, max_batch
+        self.cores = cores  # threads by the cores a trainer beside it leaves (shared/cpu_share.py)
         self._pending: list[Request] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -91,6 +101,8 @@ class Batcher:
         guided = LogitsProcessorList([Guided(batch)]) if any(r.guide for r in batch) else None
         try:
             with self._lock, torch.inference_mode():
+                if self.cores is not None:
+                    self.cores.update()
                 self.model.generate(
                     input_ids=ids,
                     attention_mask=mask,

@@ -31,6 +31,9 @@ class HosterSettings(BaseSettings):
     # Torch threads per engine (OMP_NUM_THREADS): on 2 cores the eval engine and the trainer
     # each get one by plan instead of fighting over both.
     engine_threads: int = Field(default=1, ge=1)
+    # A CPU engine runs each batch on the cores other processes leave, from engine_threads up
+    # to all: one beside a training run, every core once it has ended (shared/cpu_share.py).
+    engine_share_cores: bool = True
     # The engine's KV cache in 256-token blocks and its largest batch: left to itself on CPU,
     # continuous batching sizes its cache from the machine's RAM (~13 GB of 23 seen here).
     # 64 blocks hold 16k tokens (~0.75 GB for SmolLM2-135M in fp32): 8 requests of 2k tokens.

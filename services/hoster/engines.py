@@ -266,6 +266,8 @@ class LoraEngine(EngineProcess):
         argv += ["--base", str(spec.base_dir), "--base-name", spec.base_name]
         argv += ["--host", settings.engine_bind_host, "--port", str(self.port)]
         argv += ["--threads", str(settings.engine_threads)]
+        if settings.engine_share_cores:
+            argv.append("--share-cores")
         argv += ["--max-batch", str(settings.engine_max_batch)]
         for name, path in spec.models.items():
             argv += ["--model", f"{name}={path}"]

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import psutil
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,6 +42,7 @@ from services.hoster.completions import Completion, complete, response_guide, st
 from services.hoster.engine_requests import EngineError, parse_request
 from services.hoster.phase_gate import PhaseGate
 from services.hoster.structured import Grammars
+from shared.cpu_share import CoreShare
 
 log = logging.getLogger("tuneloop.hoster.lora_engine")
 ADAPTER_CONFIG = "adapter_config.json"
@@ -79,8 +81,11 @@ class Served:
 class Engine:
     """The models this process serves, by the names clients send."""
 
-    def __init__(self, *, base_dir: Path, base_name: str, max_batch: int) -> None:
+    def __init__(
+        self, *, base_dir: Path, base_name: str, max_batch: int, cores: CoreShare | None = None
+    ) -> None:
         self.base_dir, self.base_name, self.max_batch = base_dir, base_name, max_batch
+        self.cores = cores
         self.models: dict[str, Served] = {}
         # Deployments' engine: only the names loaded on it answer; the base (the ground the
         # adapters stand on, which no tenant deployed here) is not one of them.
@@ -93,7 +98,7 @@ class Engine:
     def _host(self, model: Any, tokenizer: Any, switch: Callable[[str], None]) -> Host:
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-        batcher = Batcher(model, pad_id=pad, eos_id=eos, max_batch=self.max_batch)
+        batcher = Batcher(model, pad_id=pad, eos_id=eos, max_batch=self.max_batch, cores=self.cores)
         return Host(model, batcher, PhaseGate(switch))
 
     def _switch_base(self, name: str) -> None:
@@ -302,15 +307,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--share-cores",
+        action="store_true",
+        help="before each batch, run on the cores other processes leave (from --threads up to "
+        "all): one beside a training run, every core once it has ended",
+    )
     parser.add_argument("--max-batch", type=int, default=32, help="requests a batch holds")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
+    cores = psutil.cpu_count() or 1
+    share = CoreShare(cores, cores, torch.set_num_threads, threads=args.threads)
     # Models load before the server listens: /health answering means every named model serves.
     engine = Engine(
         base_dir=args.base,
         base_name=args.base_name,
         max_batch=args.max_batch,
+        cores=share if args.share_cores else None,
     )
     for spec in args.model:
         name, _, path = spec.partition("=")

@@ -132,6 +132,6 @@ def trainer_config(
         "output": {"prefix": output_prefix},
         "webhook": {"url": webhook_url, "secret": secret},
         # share_cores: on CPU, the trainer yields a core to the eval engine while it scores a
-        # checkpoint (services/trainer/cpu_share.py); a GPU trainer ignores it.
+        # checkpoint (shared/cpu_share.py); a GPU trainer ignores it.
         "runtime": {"torch_threads": torch_threads, "share_cores": True},
     }

@@ -97,7 +97,7 @@ class RuntimeSettings(_Strict):
     # an eval engine, so the two split the cores by plan instead of contending for all of them.
     torch_threads: int | None = Field(default=None, ge=1, le=1024)
     # CPU training beside other work (the eval engine): after each step, run on the cores the
-    # other processes left free, at most torch_threads (services/trainer/cpu_share.py).
+    # other processes left free, at most torch_threads (shared/cpu_share.py).
     share_cores: bool = False
 
 

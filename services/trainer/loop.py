@@ -47,7 +47,6 @@ from services.trainer.checkpoints import (
     save_training_state,
 )
 from services.trainer.config import ConfigError, JobConfig
-from services.trainer.cpu_share import CoreShare
 from services.trainer.data import (
     DataPosition,
     DatasetError,
@@ -74,6 +73,7 @@ from services.trainer.packing import token_loss
 from services.trainer.progress import ReportSender, StepClock, StepMetrics
 from services.trainer.rendering import IGNORE_INDEX
 from services.trainer.resume import ResumePoint, fetch_first_usable
+from shared.cpu_share import CoreShare
 from shared.reports import FailureReason, SkippedCheckpoint
 from shared.settings import S3Settings
 from shared.storage import ObjectStore
@@ -192,7 +192,7 @@ class _Run:
 
     def _setup_model(self) -> None:
         self.cores = (
-            CoreShare(limit=torch.get_num_threads(), cores=psutil.cpu_count() or 1)
+            CoreShare(torch.get_num_threads(), psutil.cpu_count() or 1, torch.set_num_threads)
             if self.config.runtime.share_cores
             and self.ctx.device.type == "cpu"
             and self.ctx.world_size == 1
@@ -294,7 +294,7 @@ class _Run:
             window.append(metrics.loss)
             self.reports.progress(metrics, clock.eta_s(step, self.data.total_steps))
             if self.cores is not None:
-                self.cores.after_step()
+                self.cores.update()
             if self.on_step is not None:
                 self.on_step(metrics)
             stopping = dist_utils.any_across(self.stop.is_set(), self.ctx)
@@ -417,6 +417,8 @@ class _Run:
             shutil.rmtree(local, ignore_errors=True)
             self.reports.checkpoint_saved(step, uri, metrics)
             self.last_checkpoint = uri
+            if self.cores is not None:
+                self.cores.checkpoint_saved()
         self.last_checkpoint = dist_utils.broadcast_object(self.last_checkpoint, self.ctx)
 
     def _finish(self, step: int, window: list[float]) -> RunResult:

@@ -64,6 +64,7 @@ def test_a_lora_engine_loads_its_base_and_checkpoints_at_start(tmp_path: Path) -
     assert argv[argv.index("--base-name") + 1] == "SmolLM2-135M-Instruct"
     assert argv[argv.index("--model") + 1] == f"{name}={tmp_path / 'ckpt'}"
     assert argv[argv.index("--threads") + 1] == "1"
+    assert "--share-cores" in argv  # one thread beside a trainer, every core after it
     assert argv[argv.index("--max-batch") + 1] == "12"
     assert engine.load_timeout_s == settings.engine_load_timeout_s  # the base loads first
     assert isinstance(
