@@ -120,17 +120,22 @@ def _row_length(profile: DatasetProfile, device: Throughput, context_len: int) -
     return Decision("max_seq_len", value, reason)
 
 
-def _examples_per_row(profile: DatasetProfile, row_len: int) -> int:
+def _examples_per_row(profile: DatasetProfile, row_len: int, user: UserChoices) -> int:
+    """Examples a row holds: packed, about row_len / the median example; one when the user set
+    `batch_size`, which then means exactly that many examples a step, as in OpenAI's API (a packed
+    row holds as many as fit, so a step's count would only be an average)."""
+    if user.batch_size is not None:
+        return 1
     return max(1, row_len // max(profile.example.p50, 1))
 
 
 def _rows_per_step(
     profile: DatasetProfile, device: Throughput, row_len: int, user: UserChoices
 ) -> Decision:
-    per_row = _examples_per_row(profile, row_len)
+    per_row = _examples_per_row(profile, row_len, user)
     if user.batch_size is not None:
-        rows = max(1, math.ceil(user.batch_size / per_row))
-        return Decision("rows_per_step", rows, f"batch_size {user.batch_size} given", "user")
+        reason = f"batch_size {user.batch_size} given: one example a row, unpacked"
+        return Decision("rows_per_step", user.batch_size, reason, "user")
     rows = max(1, device.tokens_per_step // row_len)
     reason = f"{device.tokens_per_step} tokens a step on {device.device} ({device.source})"
     # The floor on steps comes first: a small dataset gets smaller steps, not fewer of them.
@@ -256,9 +261,10 @@ def _schedule(
     """Epochs, steps and eval points for steps of `rows` rows, fitted to the time budget."""
     micro = min(rows, device.max_rows)
     accumulation = math.ceil(rows / micro)
-    examples = micro * accumulation * _examples_per_row(profile, row_len)
+    per_row = _examples_per_row(profile, row_len, user)
+    examples = micro * accumulation * per_row
     epochs, steps = _steps(profile, _epochs(profile, kind, user), examples, user)
-    step_s = _step_seconds(profile, device, row_len, examples, params)
+    step_s = _step_seconds(device, row_len, math.ceil(examples / per_row), params)
     steps, points = _fit_budget(steps, step_s, device, user)
     return _Shape(micro, accumulation, examples, epochs, steps, points, step_s)
 
@@ -280,12 +286,9 @@ def _learning_rate(steps: int, user: UserChoices) -> Decision:
     return Decision("learning_rate", base, reason)
 
 
-def _step_seconds(
-    profile: DatasetProfile, device: Throughput, row_len: int, examples: int, params: int
-) -> float:
+def _step_seconds(device: Throughput, row_len: int, rows: int, params: int) -> float:
     # A step computes its rows whole, pads included: examples packed whole (never split) fill a
     # row to a whole number of them.
-    rows = math.ceil(examples / _examples_per_row(profile, row_len))
     return rows * row_len / device.tokens_per_s(row_len, params)
 
 
@@ -333,7 +336,7 @@ def _trainer_sections(
             "micro_batch_size": micro,
             "gradient_accumulation_steps": accumulation,
             "max_seq_len": int(row.value),
-            "packing": True,
+            "packing": user.batch_size is None,
             "learning_rate": lr,
             "lr_scheduler": "cosine",
             "warmup_steps": warmup,

@@ -10,8 +10,7 @@ our own routes with the SDK's generic get / post.
 The task is one word for every question, which the tiny model learns in a few dozen LoRA steps
 (tests/plugins/models.py, `tiny_stopping_model_dir`, says why it needs an end-of-turn embedding of
 its own), so the scores are exact: the base 0.0, every version 1.0 on the eval split. The task
-is free text (ROUGE-L), not a short label: the tiny tokenizer counts `assistant\n` and the
-template around one word as 9 completion tokens, over the short-label rule's 8.
+is a short label (exact match): one word, counted without the template around the turn.
 """
 
 from __future__ import annotations
@@ -224,8 +223,10 @@ def test_the_first_run_trains_on_the_captured_traffic_and_serves_its_version(run
     assert job.training_file == policy["last_dataset_id"]
     assert job.metadata == {"retrain_policy": runs.policy_id}
     assert job.fine_tuned_model == f"ft:{BASE_ID}:{SERVED}:{job.id}"
-    assert {d["name"]: d["value"] for d in job.decisions}["task_kind"] == "free_text"
-    assert (evaluation["task_kind"], evaluation["sample_count"]) == ("free_text", EVAL_ITEMS)
+    decisions = {d["name"]: d["value"] for d in job.decisions}
+    assert decisions["task_kind"] == "short_label"
+    assert (evaluation["task_kind"], evaluation["sample_count"]) == ("short_label", EVAL_ITEMS)
+    assert job.hyperparameters.batch_size == 1  # as asked: one example a step, unpacked
     decision = evaluation["decision"]
     assert (decision["base_score"], decision["best_score"], decision["gate"]) == (
         0.0,

@@ -148,6 +148,14 @@ def test_user_values_win_and_are_marked_as_the_users() -> None:
     assert by_name["n_epochs"].source == "user"
     assert result.batch_size == 8
     assert result.steps == 50  # 400 examples, 8 a step, one epoch: under the floor, as asked
+    # Exactly 8 examples a step: one a row, unpacked (a packed row holds as many as fit).
+    hp = result.trainer["hyperparameters"]
+    assert hp["packing"] is False
+    assert hp["micro_batch_size"] * hp["gradient_accumulation_steps"] == 8
+    assert "unpacked" in by_name["rows_per_step"].reason
+    odd = plan(profile(400, json_share=1.0), CPU, **SMOL, user=UserChoices(batch_size=3))
+    assert odd.batch_size == 3  # a packed row of ~2 examples could not say 3
+    assert plan(profile(400, json_share=1.0), CPU, **SMOL).trainer["hyperparameters"]["packing"]
     # The short-run LoRA rate (3e-4) times the given multiplier.
     assert result.trainer["hyperparameters"]["learning_rate"] == pytest.approx(1.5e-4)
     assert by_name["learning_rate"].source == "user"
