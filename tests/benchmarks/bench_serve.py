@@ -367,7 +367,9 @@ def _base_dir(given: Path | None) -> Path:
 
 def run(args: argparse.Namespace, work: Path) -> bool:
     base_dir, prompts = _base_dir(args.model), ticket_prompts(args.requests)
-    settings = HosterSettings(engine_threads=args.threads)
+    # The same threads for the engine and the baseline: the engine must not take the cores it
+    # finds free (engine_share_cores), or the ratio would compare two cores with one.
+    settings = HosterSettings(engine_threads=args.threads, engine_share_cores=False)
     adapters = [make_adapter(base_dir, work / f"adapter-{i}", i) for i in range(2 * args.rounds)]
     # The baseline runs before and after the engine (idle then): the faster of the two is the
     # one compared, so a slow phase of a shared machine cannot flatter the engine.
