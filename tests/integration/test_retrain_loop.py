@@ -31,7 +31,7 @@ from shared import localstack
 from shared.settings import Settings
 from tests.fakes.serving import ServedInThread
 from tests.fakes.upstream import upstream_key_env, upstreams_yaml
-from tests.plugins.infra import RunningProcess, settings_env
+from tests.plugins.infra import RunningProcess, make_settings, settings_env
 from tests.services.evaluator.evals_stack import Upstream
 from tests.services.hoster.checkpoints import BASE_ID
 from tests.services.hoster.process import prepare
@@ -79,8 +79,14 @@ def loop(
         "TUNELOOP_HOSTER_ENGINE_LOAD_TIMEOUT_S": "240",
         "TUNELOOP_HOSTER_WATCH_INTERVAL_S": "0.5",
     }  # fmt: skip
+    # A nats-server of its own: four services stopped with events in flight leave unacked
+    # messages on their durable consumers, which the session's server would hand to the next
+    # test's processes of the same names (and an in-process consumer new to it replays them).
+    own_nats = make_settings(tmp / "nats")
+    env |= {k: v for k, v in settings_env(own_nats).items() if k.startswith("TUNELOOP_NATS_")}
     served.start()
-    processes = []
+    processes = [RunningProcess(localstack.component(own_nats, "nats"), tmp / "logs" / "nats.log")]
+    processes[0].start()
     try:
         # Stopped in reverse: the scheduler and evaluator, which poll ingest, before it.
         for name in ("ingest", "hoster", "evaluator", "scheduler"):
