@@ -22,6 +22,7 @@ from shared.settings import Settings
 # First path segment after /v1 -> owning service.
 OWNERS: dict[str, OtherService] = {
     "fine_tuning": "scheduler",
+    "notification_rules": "scheduler",
     "models": "hoster",
     "deployments": "hoster",
     "served_names": "hoster",
