@@ -295,6 +295,15 @@ class RetrainPolicyCreate(_Request):
         default=False, description="deploy each new version that passes its gate"
     )
     enabled: bool = True
+    # A team that trained by hand and now hands the next versions to a policy counts new
+    # traffic from then on; without it every matching sample is new and the first run is due at
+    # once when enough was captured before.
+    new_since: int | None = Field(
+        default=None,
+        ge=0,
+        description="unix seconds: only samples captured at or after it count toward the "
+        "first run's trigger (its dataset still selects everything the filter matches)",
+    )
 
 
 class RetrainPolicyUpdate(_Request):

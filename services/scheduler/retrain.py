@@ -20,7 +20,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -92,6 +92,11 @@ class Retrainer:
                     name=body.name,
                     enabled=body.enabled,
                     spec=jobs.dumps(body.model_dump(mode="json", exclude_none=True)),
+                    watermark=(
+                        None
+                        if body.new_since is None
+                        else datetime.fromtimestamp(body.new_since, UTC)
+                    ),
                 )
                 session.add(row)
                 try:

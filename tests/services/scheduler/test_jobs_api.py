@@ -261,6 +261,15 @@ def test_a_retrain_policy_runs_when_enough_new_traffic_arrived_and_once_at_a_tim
     second = client.fine_tuning.jobs.retrieve(state["last_job_id"])
     assert second.id != job.id
     client.fine_tuning.jobs.cancel(second.id)
+    # A policy that counts from now: the 230 samples captured before do not make it due.
+    since = int(time.time())
+    fresh = client.post(
+        policies, body={**policy, "name": "from-now", "new_since": since}, cast_to=dict[str, Any]
+    )
+    assert fresh["watermark"] == since
+    time.sleep(2.0)
+    assert client.get(f"{policies}/{fresh['id']}", cast_to=dict[str, Any])["runs"] == 0
+    client.delete(f"{policies}/{fresh['id']}", cast_to=dict[str, Any])
     disabled = client.post(path, body={"enabled": False}, cast_to=dict[str, Any])
     assert disabled["enabled"] is False
     assert [p["id"] for p in client.get(policies, cast_to=dict[str, Any])["data"]] == [
