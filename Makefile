@@ -21,7 +21,7 @@ export TUNELOOP_ENV ?= development
 
 .PHONY: help install accel model demo test test-fast lint format up down status events lock clean \
 	bench bench-gateway bench-ingest bench-datasets bench-train bench-recipe bench-scheduler \
-	bench-serve bench-shadow bench-venv wrk
+	bench-serve bench-shadow bench-venv wrk promtool
 
 help:
 	@echo "make up | down | status   run the local stack (NATS, S3, services) in the background"
@@ -56,10 +56,10 @@ $(MODEL)/tuneloop-conversion.json: $(STAMP)
 
 model: $(MODEL)/tuneloop-conversion.json
 
-test: install model
+test: install model promtool
 	$(BIN)/pytest
 
-test-fast: install
+test-fast: install promtool
 	$(BIN)/pytest -m "not slow"
 
 lint: install
@@ -113,6 +113,14 @@ bench-venv: $(BENCH_STAMP)
 # The load generator: wrk, from Debian.
 wrk:
 	@command -v wrk >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq wrk; }
+
+# promtool checks and unit-tests deploy/prometheus/alerts.yml (tests/deploy): Debian's prometheus
+# package ships it. Its daemon is not wanted: a container's policy-rc.d keeps it from starting,
+# and elsewhere it is stopped once installed.
+promtool:
+	@command -v promtool >/dev/null || { $(SUDO) apt-get update -qq && \
+		$(SUDO) apt-get install -y -qq --no-install-recommends prometheus && \
+		{ $(SUDO) service prometheus stop >/dev/null 2>&1 || true; }; }
 
 # A failed LiteLLM install does not stop the run: the baseline is then reported missing.
 bench-gateway: install wrk
