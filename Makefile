@@ -21,7 +21,7 @@ export TUNELOOP_ENV ?= development
 
 .PHONY: help install accel model demo test test-fast lint format up down status events lock clean \
 	bench bench-gateway bench-ingest bench-datasets bench-train bench-recipe bench-scheduler \
-	bench-serve bench-shadow bench-venv wrk promtool
+	bench-serve bench-shadow bench-venv wrk promtool chromium
 
 help:
 	@echo "make up | down | status   run the local stack (NATS, S3, services) in the background"
@@ -56,7 +56,7 @@ $(MODEL)/tuneloop-conversion.json: $(STAMP)
 
 model: $(MODEL)/tuneloop-conversion.json
 
-test: install model promtool
+test: install model promtool chromium
 	$(BIN)/pytest
 
 test-fast: install promtool
@@ -113,6 +113,12 @@ bench-venv: $(BENCH_STAMP)
 # The load generator: wrk, from Debian.
 wrk:
 	@command -v wrk >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq wrk; }
+
+# The dashboard's browser tests (tests/services/ingest/ui) drive Debian's chromium through
+# playwright's executable_path: playwright cannot download a browser here.
+chromium:
+	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
+		$(SUDO) apt-get install -y -qq --no-install-recommends chromium; }
 
 # promtool checks and unit-tests deploy/prometheus/alerts.yml (tests/deploy): Debian's prometheus
 # package ships it. Its daemon is not wanted: a container's policy-rc.d keeps it from starting,
