@@ -195,8 +195,9 @@ class Evals:
 
     async def _rows(
         self, body: protocol.RunCreate, headers: dict[str, str]
-    ) -> tuple[list[sources.Row], str, str]:
-        """The run's items, the field that names them and the label of one in messages."""
+    ) -> tuple[sources.Read, str, str]:
+        """The run's items (and the source's id as the run records it), the field that names
+        them and the label of one in messages."""
         source = body.data_source
         if isinstance(source, protocol.OtherDataSource):
             raise unsupported("data_source.type", f"a {source.type!r} data source")
@@ -205,8 +206,10 @@ class Evals:
             raise unsupported("data_source.source.type", f"a {given.type!r} source")
         if isinstance(given, protocol.FileContent):
             rows = [sources.Row(row.item, row.sample) for row in given.content]
-            return rows, "data_source.source.content", "data_source.source.content"
-        return await self.reader.rows(given.id, headers), sources.SOURCE_ID, f"{given.id} item"
+            read = sources.Read(rows, "")
+            return read, "data_source.source.content", "data_source.source.content"
+        read = await self.reader.read(given.id, headers)
+        return read, sources.SOURCE_ID, f"{given.id} item"
 
     async def create_run(
         self, tenant: str, eval_id: str, body: protocol.RunCreate, *, key: str | None
@@ -219,17 +222,21 @@ class Evals:
             config = store.loads(eval_row.data_source_config)
             checks.check_messages(completions, checks.item_properties(config["item_schema"]))
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        rows, param, label = await self._rows(body, headers)
+        read, param, label = await self._rows(body, headers)
+        rows = read.rows
         checks.check_rows(rows, eval_row, body, param=param, label=label, max_items=self.max_items)
         run_id = _new_id(RUN_PREFIX)
         given = completions is None  # a jsonl run's samples are given, a completions run's made
+        recorded = source.model_dump(mode="json", exclude_none=True)
+        if read.source_id:  # an eval set's latest is recorded as the version it was
+            recorded["source"]["id"] = read.source_id
         run = EvalsRunRow(
             id=run_id,
             eval_id=eval_id,
             tenant=tenant,
             name=body.name or run_id,
             meta=store.dumps(body.metadata),
-            data_source=store.dumps(source.model_dump(mode="json", exclude_none=True)),
+            data_source=store.dumps(recorded),
             model=completions.model if completions is not None else None,
             status="queued",
             items=len(rows),

@@ -2,7 +2,9 @@
 split (`ds_...`) or an eval set's version (`evs_...` its latest, `evs_...@N` version N), the last
 three read from ingest's HTTP API with the caller's own key (as the scheduler reads them), so
 ingest decides whose they are. Every item is checked against the eval's item schema before the
-run is accepted; the first items that do not match are named.
+run is accepted; the first items that do not match are named. An eval set read without a version
+(its latest) is named with the version it was (`evs_...@N`, from ingest's answer), so the run
+records which items it read: a later refresh changes what `evs_...` alone reads.
 
 A file's line is `{"item": {...}, "sample": {...}}` (`sample` optional) or the item itself. A
 dataset's or eval set's sample becomes `{"messages": <its turns before the last>, "reference":
@@ -27,6 +29,8 @@ EVAL_SET_PREFIX = "evs_"
 _EVAL_SET = re.compile(r"(evs_[0-9A-Za-z]{1,36})(?:@([1-9][0-9]{0,8}))?")
 FILE_PREFIX = "file-"
 SOURCE_ID = "data_source.source.id"
+# The version ingest served (services/ingest/eval_sets_api.py), `latest` resolved.
+EVAL_SET_VERSION_HEADER = "x-tuneloop-eval-set-version"
 _ERRORS_NAMED = 3
 
 
@@ -34,6 +38,15 @@ _ERRORS_NAMED = 3
 class Row:
     item: dict[str, Any]
     sample: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Read:
+    """A source's items and its id as the run records it: as given, or an eval set's pinned to
+    the version read (`evs_...@N`)."""
+
+    rows: list[Row]
+    source_id: str
 
 
 def compile_schema(schema: dict[str, Any], param: str) -> jsonschema_rs.Validator:
@@ -125,14 +138,14 @@ class IngestReader:
     def __init__(self, client: httpx.AsyncClient, base_url: str, *, max_bytes: int) -> None:
         self.client, self.base_url, self.max_bytes = client, base_url.rstrip("/"), max_bytes
 
-    async def rows(self, ident: str, headers: dict[str, str]) -> list[Row]:
+    async def read(self, ident: str, headers: dict[str, str]) -> Read:
         if ident.startswith(DATASET_PREFIX):
-            return await self._dataset(ident, headers)
+            return Read(await self._dataset(ident, headers), ident)
         if ident.startswith(EVAL_SET_PREFIX):
             return await self._eval_set(ident, headers)
         if ident.startswith(FILE_PREFIX):
-            body = await self._get(f"/v1/files/{ident}/content", headers, ident)
-            return [_line_row(value, where) for where, value in _jsonl(body, ident)]
+            body, _ = await self._get(f"/v1/files/{ident}/content", headers, ident)
+            return Read([_line_row(value, where) for where, value in _jsonl(body, ident)], ident)
         raise EvalsError(
             422,
             f"{SOURCE_ID}: {ident!r} is not an uploaded file (file-...), a dataset (ds_...) or "
@@ -141,10 +154,10 @@ class IngestReader:
         )
 
     async def _dataset(self, ident: str, headers: dict[str, str]) -> list[Row]:
-        body = await self._get(f"/v1/datasets/{ident}/export?split=eval", headers, ident)
+        body, _ = await self._get(f"/v1/datasets/{ident}/export?split=eval", headers, ident)
         return _chat_rows(body, f"{ident} eval split")
 
-    async def _eval_set(self, ident: str, headers: dict[str, str]) -> list[Row]:
+    async def _eval_set(self, ident: str, headers: dict[str, str]) -> Read:
         named = _EVAL_SET.fullmatch(ident)
         if named is None:
             raise EvalsError(
@@ -155,9 +168,19 @@ class IngestReader:
             )
         # Ingest serves a version as it exports a dataset's split: OpenAI chat lines.
         path = f"/v1/eval_sets/{named[1]}/versions/{named[2] or 'latest'}/content"
-        return _chat_rows(await self._get(path, headers, ident), ident)
+        body, answered = await self._get(path, headers, ident)
+        version = named[2] or answered.get(EVAL_SET_VERSION_HEADER, "")
+        if not version.isdigit():
+            raise EvalsError(
+                502, f"{SOURCE_ID}: ingest did not say which version of {named[1]} it served",
+                param=SOURCE_ID, code="bad_gateway",
+            )  # fmt: skip
+        return Read(_chat_rows(body, ident), f"{named[1]}@{version}")
 
-    async def _get(self, path: str, headers: dict[str, str], ident: str) -> bytes:
+    async def _get(
+        self, path: str, headers: dict[str, str], ident: str
+    ) -> tuple[bytes, httpx.Headers]:
+        """The body (at most `max_bytes`) and the answer's headers."""
         try:
             async with self.client.stream("GET", self.base_url + path, headers=headers) as answer:
                 if answer.status_code != 200:
@@ -174,12 +197,13 @@ class IngestReader:
                             param=SOURCE_ID,
                         )
                     chunks.append(chunk)
+                answered = answer.headers
         except httpx.HTTPError as exc:
             raise EvalsError(
                 503, f"{SOURCE_ID}: ingest is not reachable ({type(exc).__name__})",
                 param=SOURCE_ID, code="unavailable",
             ) from None  # fmt: skip
-        return b"".join(chunks)
+        return b"".join(chunks), answered
 
 
 def _refused(answer: httpx.Response, ident: str) -> EvalsError:

@@ -1,8 +1,8 @@
 """An Evals API run over an eval set (ingest's `evs_...`, refreshed from captured traffic),
 driven through the gateway with the official `openai` SDK on real processes
 (tests/services/evaluator/evals_stack.py): the items are the version's samples, a pinned
-version (`evs_...@N`) stays what it was after a refresh, and ingest's refusals come back naming
-`data_source.source.id`."""
+version (`evs_...@N`) stays what it was after a refresh, a run over the latest records the
+version it read, and ingest's refusals come back naming `data_source.source.id`."""
 
 from __future__ import annotations
 
@@ -113,6 +113,10 @@ def test_an_eval_run_reads_an_eval_set_version(stack: Stack) -> None:
     same = until_done(client, eval_id, run_over(client, eval_id, eval_set, CAPTURED).id)
     assert same.status == "completed", same
     assert same.result_counts.model_dump() == {"total": 3, "passed": 3, "failed": 0, "errored": 0}
+    # Run over the latest, it names the version it read, as the runs listed name it too.
+    assert same.data_source.source.id == f"{eval_set}@1"
+    listed = client.evals.runs.list(eval_id).data
+    assert [r.data_source.source.id for r in listed if r.id == same.id] == [f"{eval_set}@1"]
     regressed = run_over(client, eval_id, f"{eval_set}@1", CANDIDATE)
     done = until_done(client, eval_id, regressed.id)
     assert done.result_counts.model_dump() == {"total": 3, "passed": 2, "failed": 1, "errored": 0}
@@ -134,6 +138,8 @@ def test_an_eval_run_reads_an_eval_set_version(stack: Stack) -> None:
     pinned_items = client.evals.runs.output_items.list(pinned.id, eval_id=eval_id).data
     assert questions(latest_items) == set(QUESTIONS[1:]) | {"Spell cat backwards."}
     assert questions(pinned_items) == set(QUESTIONS)
+    assert (latest.data_source.source.id, pinned.data_source.source.id) == (
+        f"{eval_set}@2", f"{eval_set}@1")  # fmt: skip
 
     for source_id, error in [
         (f"{eval_set}@9", openai.NotFoundError),  # no such version
