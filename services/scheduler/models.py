@@ -1,4 +1,5 @@
-"""Tables owned by the scheduler service: fine-tuning jobs, their events, checkpoints and attempts.
+"""Tables owned by the scheduler service: fine-tuning jobs, their events, checkpoints and attempts;
+retrain policies; tenants' notification rules and their deliveries (notifications/).
 
 Structured parts of a job (the request's hyperparameters, the recipe's decisions, the trainer
 config, an error) are stored as JSON documents: they are read whole with the job and never
@@ -154,3 +155,86 @@ class RetrainPolicyRow(SQLModel, table=True):
     last_job_id: str | None = Field(default=None, max_length=64)
     # Why the last try to run did not start a job (ingest away, the budget spent, ...).
     last_error: str | None = Field(default=None, max_length=2000)
+
+
+class NotificationRuleRow(SQLModel, table=True):
+    """A tenant's rule: which facts (notifications/schemas.py's RuleEvent) go to which URL, in
+    which body format. Its signing secret is not stored: it is derived from the scheduler's
+    secret, the rule's id and `secret_version` (notifications/signing.py)."""
+
+    __tablename__ = "scheduler_notification_rules"
+    __table_args__ = (sa.UniqueConstraint("tenant", "name"),)
+
+    id: str = Field(primary_key=True, max_length=40)
+    tenant: str = Field(max_length=63, index=True)
+    name: str = Field(max_length=64)
+    enabled: bool = True
+    url: str = Field(max_length=2048)
+    format: str = Field(max_length=8)
+    # The rule as created (events, filter, thresholds): read whole, never filtered on.
+    spec: bytes = Field(sa_type=sa.LargeBinary)
+    secret_version: int = 1
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class NotificationDeliveryRow(SQLModel, table=True):
+    """One alert for one rule, the outbox: written in the same transaction that matched it, sent
+    until delivered or given up. `id` is the webhook-id receivers deduplicate on; (rule, key)
+    is unique, so a redelivered bus event or a second check enqueues nothing."""
+
+    __tablename__ = "scheduler_notification_deliveries"
+    __table_args__ = (
+        sa.UniqueConstraint("rule_id", "key"),
+        sa.Index("ix_scheduler_notification_deliveries_due", "status", "next_attempt_at"),
+        sa.Index("ix_scheduler_notification_deliveries_rule_created", "rule_id", "created_at"),
+    )
+
+    id: str = Field(primary_key=True, max_length=40)
+    rule_id: str = Field(max_length=40)
+    tenant: str = Field(max_length=63)
+    event: str = Field(max_length=32)
+    # What the alert is about, once per rule: the bus event's id, or the check's own key.
+    key: str = Field(max_length=200)
+    # The URL and the exact body, as they were when enqueued: every attempt sends the same bytes.
+    url: str = Field(max_length=2048)
+    body: bytes = Field(sa_type=sa.LargeBinary)
+    # pending (next_attempt_at says when) | delivered | failed (final answer, or given up)
+    status: str = Field(max_length=16)
+    attempts: int = 0
+    next_attempt_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    last_status_code: int | None = None
+    last_error: str | None = Field(default=None, max_length=500)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    delivered_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class NotificationAttemptRow(SQLModel, table=True):
+    """One try at a delivery: when, what came back, how long it took, what followed."""
+
+    __tablename__ = "scheduler_notification_attempts"
+    __table_args__ = (sa.UniqueConstraint("delivery_id", "number"),)
+
+    id: str = Field(primary_key=True, max_length=48)
+    delivery_id: str = Field(max_length=40, index=True)
+    number: int
+    started_at: datetime = Field(sa_type=UTCDateTime)
+    duration_ms: float
+    status_code: int | None = None
+    error: str | None = Field(default=None, max_length=500)
+    # delivered | retry | failed
+    outcome: str = Field(max_length=16)
+
+
+class BudgetThresholdRow(SQLModel, table=True):
+    """A percentage of a tenant's monthly cap its spend reached, once per month: the
+    `job.budget_threshold_reached` event is published once for it."""
+
+    __tablename__ = "scheduler_budget_thresholds"
+
+    tenant: str = Field(primary_key=True, max_length=63)
+    period_start: datetime = Field(primary_key=True, sa_type=UTCDateTime)
+    percent: int = Field(primary_key=True)
+    spent: float
+    cap: float
+    reached_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
