@@ -12,6 +12,10 @@ Every key has a scope (docs/keys.md): `read` (GET only), `write` (read + every c
 tenant's data, gateway calls included), `admin` (write + the tenant's own keys) and `internal`
 (the platform's own calls through the gateway, and reads; the only scope that may tag a call
 with its purpose). Routes ask with `require_scope`, or `require_access` (by HTTP method).
+
+Wherever a key is accepted, so is a delegated credential (`tld.…`, shared.delegation) standing for
+a key that still exists, is not revoked and grants the credential's scope (read or write): the
+gateway's dashboard calls the services with them for a signed-in user (docs/dashboard.md).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlmodel import Field, Session, SQLModel, col, select
 
+from shared import delegation
 from shared.db import UTCDateTime, get_engine, session_scope, utcnow
 from shared.settings import AuthSettings, get_settings
 from shared.tenancy import is_tenant_id
@@ -263,8 +268,13 @@ def revoke_api_key(session: Session, *, tenant_id: str, key_id: str) -> ApiKey:
     return key
 
 
-def authenticate(session: Session, presented_key: str) -> Principal:
-    """The principal a key stands for; raises Malformed-, Unknown- or RevokedKeyError."""
+def authenticate(
+    session: Session, presented_key: str, *, delegation_secret: bytes | None = None
+) -> Principal:
+    """The principal a key (or a delegated credential) stands for; raises Malformed-, Unknown- or
+    RevokedKeyError. `delegation_secret`: the delegations' MAC key, else the service token's."""
+    if delegation.is_delegation(presented_key):
+        return _delegated(session, presented_key, delegation_secret or _delegation_secret())
     match = KEY_PATTERN.fullmatch(presented_key)
     if match is None:
         raise MalformedKeyError(
@@ -280,6 +290,30 @@ def authenticate(session: Session, presented_key: str) -> Principal:
     principal = Principal(tenant_id=key.tenant_id, key_id=key.id, scope=_scope(key.scope))
     _touch(session, key)
     return principal
+
+
+def _delegated(session: Session, presented: str, secret: bytes) -> Principal:
+    """The principal of a delegated credential: its key's tenant and id, the credential's scope
+    (which the key's own must grant). A revoked key's credentials stop with it."""
+    try:
+        claims = delegation.verify(presented, secret=secret, now=time.time())
+    except delegation.DelegationError as exc:
+        raise UnknownKeyError(str(exc)) from None
+    key = session.get(ApiKey, claims.key_id)
+    if key is None or key.tenant_id != claims.tenant_id:
+        raise UnknownKeyError("delegated credential names no key of its tenant")
+    if key.revoked_at is not None:
+        raise RevokedKeyError(f"API key {key.prefix} was revoked")
+    if claims.scope not in _GRANTS[_scope(key.scope)]:
+        raise UnknownKeyError(
+            f"delegated credential claims scope {claims.scope!r} beyond its key's"
+        )
+    _touch(session, key)
+    return Principal(tenant_id=key.tenant_id, key_id=key.id, scope=claims.scope)
+
+
+def _delegation_secret() -> bytes:
+    return delegation.signing_key(get_settings().auth.service_token.get_secret_value())
 
 
 def _scope(stored: str) -> Scope:
@@ -459,6 +493,8 @@ class CachedAuthenticator:
             return authenticate(session, presented)
 
     def _remember(self, presented: str, principal: Principal) -> Principal:
+        if delegation.is_delegation(presented):
+            return principal  # minted per use and short-lived: kept, it would outlive its expiry
         if len(self._cache) >= self._max_entries:
             self._cache.clear()  # rare; simpler than LRU bookkeeping on every hit
         self._cache[hash_key(presented)] = (time.monotonic() + self._ttl_s, principal)
