@@ -332,6 +332,20 @@ class RetrainTriggered(Event):
     job_id: str
 
 
+class TrainingBudgetThresholdReached(Event):
+    """A tenant's training spend this calendar month (UTC) reached `percent` of the monthly
+    cap that applies to it (the scheduler's budgets.py); published once per percentage and
+    month: 50, 80 and 100, and each percentage one of the tenant's notification rules names."""
+
+    event_name = "job.budget_threshold_reached"
+    stream = JOBS
+    percent: int = Field(ge=1, le=100)
+    spent: float = Field(ge=0, description="USD at the ladder's prices, this month so far")
+    cap: float = Field(ge=0, description="the cap that applies: the tenant's or the platform's")
+    period_start: AwareDatetime
+    resets_at: AwareDatetime
+
+
 class JobSucceeded(JobEvent):
     event_name = "job.succeeded"
     stream = JOBS
