@@ -16,6 +16,7 @@ from rich.table import Table
 from sqlalchemy.engine import Engine
 
 from shared import auth, db
+from shared.cli.client import gateway_base_url
 from shared.settings import Settings, get_settings
 
 keys_app = typer.Typer(no_args_is_help=True, help="A tenant's API keys (printed once).")
@@ -23,11 +24,6 @@ console = Console()
 err = Console(stderr=True)
 
 TenantOpt = Annotated[str, typer.Option("--tenant", help="tenant id, e.g. acme")]
-
-
-def gateway_base_url(settings: Settings) -> str:
-    """Where OpenAI SDKs point `base_url` (a server bound to every address is reached locally)."""
-    return f"{settings.local_url('ingest')}/v1"
 
 
 def _engine(settings: Settings) -> Engine:

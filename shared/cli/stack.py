@@ -1,31 +1,31 @@
-"""`tuneloop`: the operator's command line (`make up|down|status` call it)."""
+"""The local stack: `up`, `down`, `status` (`make up|down|status` call them), the demo's teacher,
+the database schema and the dead letters. These act on this machine's processes, database and
+NATS (the settings), not through the gateway, and need no API key."""
 
 from __future__ import annotations
 
 import asyncio
-import sys
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from shared import supervisor
-from shared.keys_cli import keys_app
-from shared.settings import SettingsError, get_settings
+from shared.cli.errors import API_ERROR, UNREACHABLE, USAGE, fail
+from shared.cli.output import out as console
+from shared.settings import get_settings
 
-app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="tuneloop: your traffic, your model."
-)
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
-app.add_typer(db_app, name="db")
 deadletters_app = typer.Typer(
     no_args_is_help=True, help="Messages no consumer could handle: list and replay them."
 )
-app.add_typer(deadletters_app, name="deadletters")
-app.add_typer(keys_app, name="keys")
-console = Console()
-err = Console(stderr=True)
+
+
+def register(app: typer.Typer) -> None:
+    for command in (up, down, status, teacher):
+        app.command()(command)
+    app.add_typer(db_app, name="db")
+    app.add_typer(deadletters_app, name="deadletters")
 
 
 def _print_status(states: list[supervisor.ComponentState]) -> None:
@@ -43,7 +43,6 @@ def _print_status(states: list[supervisor.ComponentState]) -> None:
     console.print(table)
 
 
-@app.command()
 def up() -> None:
     """Start NATS, S3 and every service in the background (logs under <data_dir>/logs)."""
     settings = get_settings()
@@ -51,42 +50,25 @@ def up() -> None:
         try:
             states = supervisor.up(settings)
         except supervisor.StackError as exc:
-            err.print(f"[red]make up failed:[/] {exc}")
-            raise typer.Exit(1) from None
+            fail(f"make up failed: {exc}", API_ERROR)
     _print_status(states)
     console.print(f"logs: {settings.app.data_dir.resolve() / 'logs'}   stop with: make down")
 
 
-@app.command()
 def down() -> None:
     """Stop exactly the processes `up` started."""
     stopped = supervisor.down(get_settings())
     console.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
 
 
-@app.command()
 def status() -> None:
     """Each component up/down with its address; exits 3 unless all are up."""
     states = supervisor.status(get_settings())
     _print_status(states)
     if any(state.state != "up" for state in states):
-        raise typer.Exit(3)
+        raise typer.Exit(UNREACHABLE)
 
 
-@app.command()
-def events() -> None:
-    """The event catalogue: subjects, streams and classes."""
-    from shared.events import catalogue_rows
-
-    table = Table(title="tuneloop events")
-    for column in ("subject", "stream", "class", "meaning"):
-        table.add_column(column)
-    for row in catalogue_rows():
-        table.add_row(*row)
-    console.print(table)
-
-
-@app.command()
 def teacher(
     host: str | None = typer.Option(None, help="default: TUNELOOP_BIND_HOST"),
     port: int | None = typer.Option(None, help="default: TUNELOOP_TEACHER_PORT"),
@@ -149,8 +131,7 @@ def deadletters_replay(
     from shared import deadletters
 
     if bool(seq) == replay_all:
-        err.print("[red]name dead letters with --id, or replay them all with --all[/]")
-        raise typer.Exit(2)
+        fail("name dead letters with --id, or replay them all with --all", USAGE)
     try:
         replayed = asyncio.run(
             deadletters.operator_replay(
@@ -158,18 +139,5 @@ def deadletters_replay(
             )
         )
     except deadletters.UnknownDeadLetter as exc:
-        err.print(f"[red]{exc}[/]")
-        raise typer.Exit(1) from None
+        fail(str(exc), API_ERROR)
     console.print(f"replayed {len(replayed)}: {', '.join(str(n) for n in replayed) or '-'}")
-
-
-def main() -> None:
-    try:
-        app()
-    except SettingsError as exc:
-        err.print(f"[red]{exc}[/]")
-        sys.exit(2)
-
-
-if __name__ == "__main__":
-    main()
