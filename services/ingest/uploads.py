@@ -6,7 +6,8 @@ it takes a lease on the file's row with one conditional UPDATE and renews it whi
 process sweeps now and then for unfinished files nobody holds (new ones, and those whose process
 died and let the lease run out) and takes them over. Sample ids come from `<file id>:<line>`, so a
 file worked twice stores nothing twice. `POST /v1/samples/import` reads the request body as it
-arrives and answers with the report.
+arrives and answers with the report. A file with purpose `evals` is checked, not imported
+(eval_files.py).
 
 A report lists the first 1,000 rejected lines; every one of them, however many, is written to a
 local file as the upload streams (`RejectionLog`) and stored beside the upload as JSONL, served
@@ -33,6 +34,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
+from services.ingest import eval_files
 from services.ingest.formats import ImportReport, LineError, ParsedLine, aparse_lines
 from services.ingest.formats.report import error_entry
 from services.ingest.models import UploadedFile
@@ -44,7 +46,8 @@ from shared.storage import ObjectStore, StorageError
 
 log = logging.getLogger("tuneloop.ingest.uploads")
 
-PURPOSES = ("fine-tune", "samples")
+# `evals`: eval items, checked and kept, never imported as samples (eval_files.py).
+PURPOSES = ("fine-tune", "samples", eval_files.PURPOSE)
 _CHUNK = 1024 * 1024
 _BATCH = 256
 
@@ -424,6 +427,9 @@ async def _import_file(
     local = spool_dir / f"{row.id}.{os.getpid()}.{uuid.uuid4().hex[:8]}.jsonl"
     try:
         await asyncio.to_thread(store.get_file, file_key(row.tenant, row.id), local)
+        if row.purpose == eval_files.PURPOSE:
+            with local.open("rb") as handle:
+                return await asyncio.to_thread(eval_files.check_file, handle)
         with local.open("rb") as handle, rejection_log(spool_dir) as rejections:
             report = await import_lines(
                 pipeline,

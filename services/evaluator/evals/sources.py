@@ -28,6 +28,8 @@ EVAL_SET_PREFIX = "evs_"
 # An eval set id, and a version number after `@` (none: the latest).
 _EVAL_SET = re.compile(r"(evs_[0-9A-Za-z]{1,36})(?:@([1-9][0-9]{0,8}))?")
 FILE_PREFIX = "file-"
+# Ingest's upload purpose for eval items (services/ingest/eval_files.py): checked line by line.
+EVALS_PURPOSE = "evals"
 SOURCE_ID = "data_source.source.id"
 # The version ingest served (services/ingest/eval_sets_api.py), `latest` resolved.
 EVAL_SET_VERSION_HEADER = "x-tuneloop-eval-set-version"
@@ -144,14 +146,25 @@ class IngestReader:
         if ident.startswith(EVAL_SET_PREFIX):
             return await self._eval_set(ident, headers)
         if ident.startswith(FILE_PREFIX):
-            body, _ = await self._get(f"/v1/files/{ident}/content", headers, ident)
-            return Read([_line_row(value, where) for where, value in _jsonl(body, ident)], ident)
+            return Read(await self._file(ident, headers), ident)
         raise EvalsError(
             422,
             f"{SOURCE_ID}: {ident!r} is not an uploaded file (file-...), a dataset (ds_...) or "
             "an eval set (evs_... or evs_...@<version>)",
             param=SOURCE_ID,
         )
+
+    async def _file(self, ident: str, headers: dict[str, str]) -> list[Row]:
+        """An uploaded file's lines. One of purpose `evals` that ingest found a bad line in is
+        refused with ingest's words (they name the line); one not checked yet is read as any."""
+        described, _ = await self._get(f"/v1/files/{ident}", headers, ident)
+        found = json.loads(described)
+        if found.get("purpose") == EVALS_PURPOSE and found.get("status") == "error":
+            raise EvalsError(
+                422, f"{SOURCE_ID}: {ident}: {found.get('status_details')}", param=SOURCE_ID
+            )
+        body, _ = await self._get(f"/v1/files/{ident}/content", headers, ident)
+        return [_line_row(value, where) for where, value in _jsonl(body, ident)]
 
     async def _dataset(self, ident: str, headers: dict[str, str]) -> list[Row]:
         body, _ = await self._get(f"/v1/datasets/{ident}/export?split=eval", headers, ident)

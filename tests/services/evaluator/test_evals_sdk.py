@@ -1,7 +1,7 @@
 """The Evals API driven by the official `openai` SDK through the gateway, on real processes
 (ingest, evaluator, nats-server, SeaweedFS, SQLite) with a fake OpenAI upstream that answers
 each question its own way: an eval is created, run (the model answering through the gateway
-with the caller's key, and an uploaded file of given samples), polled to the end, and its
+with the caller's key, and an uploaded `evals` file of given samples), polled to the end, and its
 output items graded exactly; bad input is refused naming the field; another tenant sees none
 of it."""
 
@@ -113,12 +113,27 @@ def test_a_jsonl_run_reads_an_uploaded_file_and_bad_input_names_the_field(stack:
         {"item": QUESTIONS[1], "sample": {"output_text": "four"}},
     ]
     body = "".join(json.dumps(line) + "\n" for line in lines).encode()
-    uploaded = client.files.create(file=("items.jsonl", io.BytesIO(body)), purpose="samples")
+    # OpenAI's eval file format, uploaded with its purpose: checked by ingest, kept as it is.
+    uploaded = client.files.create(file=("items.jsonl", io.BytesIO(body)), purpose="evals")
+    assert uploaded.purpose == "evals"
     run = client.evals.runs.create(
         eval_id, data_source={"type": "jsonl", "source": {"type": "file_id", "id": uploaded.id}}
     )
     done = until_done(client, eval_id, run.id)
     assert done.result_counts.model_dump() == {"total": 3, "passed": 2, "failed": 1, "errored": 0}
+    assert client.files.retrieve(uploaded.id).status_details == "3 eval items"
+    # A bad line fails the file, and a run over it is refused with the line named.
+    broken = body + b'{"item": "What is 2 + 2?"}\n'
+    bad = client.files.create(file=("broken.jsonl", io.BytesIO(broken)), purpose="evals")
+    assert localstack.wait_until(
+        lambda: client.files.retrieve(bad.id).status == "error", 30, interval_s=0.2
+    )
+    with pytest.raises(openai.UnprocessableEntityError) as refused_file:
+        client.evals.runs.create(
+            eval_id, data_source={"type": "jsonl", "source": {"type": "file_id", "id": bad.id}}
+        )
+    assert refused_file.value.param == "data_source.source.id"
+    assert f'{bad.id}: line 4: "item": must be a JSON object (a str)' in refused_file.value.message
     passing = client.evals.runs.output_items.list(run.id, eval_id=eval_id, status="pass").data
     assert [i.datasource_item_id for i in passing] == [0, 1]
     with pytest.raises(openai.ConflictError, match="only a queued or in-progress run"):

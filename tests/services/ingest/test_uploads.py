@@ -100,6 +100,36 @@ def test_streamed_import_answers_with_the_report_and_is_idempotent(edge: Edge) -
     assert refs("batch-42:") == ["batch-42:1", "batch-42:2"]  # the same two samples, once each
 
 
+def test_an_evals_file_is_checked_not_imported_and_a_bad_line_is_named(edge: Edge) -> None:
+    client = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=edge.key, max_retries=0)
+    # Eval items in OpenAI's eval file format; the second is chat-shaped, as a dataset's are.
+    good = _jsonl({"item": {"question": "2+2?", "answer": "4"}}, {"item": GOOD},
+                  {"item": {"question": "Hi"}, "sample": {"output_text": "Hello"}})  # fmt: skip
+    bad = _jsonl({"item": {"q": 1}}, {"item": "2+2?"}, b"{not json")
+    extra = _jsonl({"item": {"q": 1}, "answer": "4"})
+    files = [client.files.create(file=("e.jsonl", body), purpose="evals") for body in (good, bad, extra)]  # fmt: skip
+    assert [f.purpose for f in files] == ["evals"] * 3
+
+    def checked() -> bool:
+        return all(client.files.retrieve(f.id).status in ("processed", "error") for f in files)
+
+    assert localstack.wait_until(checked, 30, interval_s=0.2)
+    ok, refused, unknown = (client.files.retrieve(f.id) for f in files)
+    assert (ok.status, ok.status_details) == ("processed", "3 eval items")
+    assert (refused.status, refused.status_details) == (
+        "error", 'line 2: "item": must be a JSON object (a str)')  # fmt: skip
+    assert unknown.status == "error"
+    assert unknown.status_details == (
+        'line 1: \'answer\': unknown; a line holds "item" and, optionally, "sample"'
+    )
+    # Kept as uploaded, never imported: no sample was made from any line of them.
+    content = httpx.get(f"{edge.url}/v1/files/{ok.id}/content",
+                        headers={"Authorization": f"Bearer {edge.key}"})  # fmt: skip
+    assert content.content == good
+    made = edge.samples(source="upload", limit=1000)
+    assert not [s for s in made if s["source_ref"].split(":")[0] in {f.id for f in files}]
+
+
 def test_upload_refusals_name_the_field(edge: Edge, tmp_path: Path) -> None:
     auth = {"Authorization": f"Bearer {edge.key}"}
     files = {"file": ("a.jsonl", _jsonl(GOOD), "application/jsonl")}
