@@ -15,10 +15,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from services.scheduler import api, handlers
-from services.scheduler.config import SchedulerSettings
+from services.scheduler.config import NotificationSettings, SchedulerSettings
 from services.scheduler.jobs import JobError
 from services.scheduler.ladder import ProviderPool, check_reachable, load_ladder
 from services.scheduler.lifecycle import Scheduler
+from services.scheduler.notifications import handlers as notification_handlers
+from services.scheduler.notifications import routes as notification_routes
+from services.scheduler.notifications.notifier import Notifier
 from services.scheduler.retrain import Retrainer
 from services.scheduler.traffic import Traffic
 from services.scheduler.webhooks import ReportReceiver
@@ -68,14 +71,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ),
         publish=publish,
     )
+    notifier = Notifier(
+        engine=runtime.engine,
+        settings=NotificationSettings(),
+        server_secret=own.webhook_secret.get_secret_value(),
+        allow_http=common.app.is_development,
+        publish=publish,
+        pool=scheduler.pool,
+        platform_cap=own.tenant_monthly_cap,
+    )
     runtime.include_router(handlers.build_router(scheduler))
+    runtime.include_router(notification_handlers.build_router(notifier))
     poller = _Poller(scheduler, retrainer, own.poll_interval_s, own.retrain_interval_s)
     runtime.on_lifecycle(poller.start, poller.stop)
+    runtime.on_lifecycle(notifier.start, notifier.stop)
     app = runtime.build_app(
         api.router,
         summary="Fine-tuning jobs API (OpenAI's), dataset analysis into an explained recipe, "
-        "attempts on the GPU ladder's providers and the trainer's signed reports.",
+        "attempts on the GPU ladder's providers and the trainer's signed reports; tenants' "
+        "notification rules and their signed webhooks.",
     )
+    app.include_router(notification_routes.router)
     app.include_router(api.internal)
     app.add_exception_handler(JobError, _job_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
@@ -83,6 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.scheduler = scheduler
     app.state.reports = reports
     app.state.retrainer = retrainer
+    app.state.notifier = notifier
     return app
 
 

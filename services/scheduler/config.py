@@ -81,3 +81,29 @@ class SchedulerSettings(BaseSettings):
         own = cls()
         refuse_weak_secrets(app, {"TUNELOOP_SCHEDULER_WEBHOOK_SECRET": own.webhook_secret})
         return own
+
+
+class NotificationSettings(BaseSettings):
+    """How tenants' notification rules are delivered (env prefix TUNELOOP_SCHEDULER_NOTIFY_;
+    notifications/). Retries wait `backoff_s`, doubling each time up to `max_backoff_s` (or
+    what a 429/503's Retry-After asks, up to the same bound); after `max_attempts` a delivery
+    is given up and recorded as failed. The defaults retry for about 3.4 hours."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TUNELOOP_SCHEDULER_NOTIFY_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+    )
+
+    max_attempts: int = Field(default=12, ge=1, le=50)
+    backoff_s: float = Field(default=10.0, gt=0)
+    max_backoff_s: float = Field(default=3600.0, gt=0)
+    # Per request (connect, send, answer): a receiver should answer at once and work later.
+    timeout_s: float = Field(default=10.0, gt=0, le=120)
+    # Requests in flight at once, over every rule and tenant.
+    concurrency: int = Field(default=8, ge=1, le=256)
+    # How often running jobs are checked for no progress and tenants' budgets for thresholds.
+    check_interval_s: float = Field(default=30.0, gt=0)
+    # How often the outbox is read when nothing woke it (a new alert wakes it at once).
+    poll_interval_s: float = Field(default=1.0, gt=0)
