@@ -55,6 +55,10 @@ class Point(BaseModel):
     duration_s: float | None = None
     outputs_uri: str | None = None
     train_loss: float | None = Field(default=None, description="mean since the checkpoint before")
+    judge_errors: int = Field(
+        default=0,
+        description="answers the judge could not grade (judge_error), left out of task_score",
+    )
 
 
 class Decided(BaseModel):
@@ -93,6 +97,7 @@ class EvalObject(BaseModel):
     status: Literal["planned", "scoring", "decided", "ended"]
     error: str | None = None
     base_score: float | None
+    base_judge_errors: int = Field(default=0, description="the base's answers with no verdict")
     points: list[Point]
     best_step: int | None
     best_score: float | None
@@ -141,6 +146,7 @@ def _status(job: EvalJobRow) -> Literal["planned", "scoring", "decided", "ended"
 def _evaluation(engine: Engine, tenant: str, job_id: str) -> EvalObject:
     job = _job(engine, tenant, job_id)
     last = job.last_step if job.last_step is not None else job.steps
+    unjudged = records.judge_errors(engine, job_id)
     points = []
     for p in records.points(engine, job_id):
         due = decision.is_due(p.step, eval_every=job.eval_every, last_step=last)
@@ -156,6 +162,7 @@ def _evaluation(engine: Engine, tenant: str, job_id: str) -> EvalObject:
                 duration_s=p.duration_s,
                 outputs_uri=p.outputs_uri,
                 train_loss=p.train_loss,
+                judge_errors=unjudged.get(p.step, 0) if p.score is not None else 0,
             )
         )
     best = decision.best_of({p.step: p.task_score for p in points if p.task_score is not None})
@@ -171,6 +178,7 @@ def _evaluation(engine: Engine, tenant: str, job_id: str) -> EvalObject:
         status=_status(job),
         error=job.eval_error,
         base_score=job.base_score,
+        base_judge_errors=unjudged.get(BASE_STEP, 0),
         points=points,
         best_step=decided.best_step if decided else best[0] if best else None,
         best_score=decided.best_score if decided else best[1] if best else None,

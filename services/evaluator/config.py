@@ -90,8 +90,13 @@ class JudgeSettings(BaseSettings):
     # Judge calls in flight across every job of this evaluator.
     concurrency: int = Field(default=4, ge=1, le=64)
     timeout_s: float = Field(default=120.0, gt=0)
-    # The SDK's own retries of a 5xx, 429 or a dropped connection, before an item's judge_error.
-    max_retries: int = Field(default=2, ge=0, le=10)
+    # Tries again after a failure that passes (a dropped connection, a timeout, 408/409/429, a
+    # 5xx), each wait doubling from backoff_s (or the endpoint's Retry-After) up to
+    # max_backoff_s, before an item's judge_error: 3 tries more wait ~1 + 2 + 4 s, past a
+    # gateway's or an engine's restart, and a dead endpoint costs an item seconds, not minutes.
+    max_retries: int = Field(default=3, ge=0, le=10)
+    backoff_s: float = Field(default=1.0, ge=0, le=60)
+    max_backoff_s: float = Field(default=30.0, ge=0, le=600)
     max_tokens: int = Field(default=400, ge=16, le=4096)
     # Items of the job's subset the rubric is written from.
     rubric_items: int = Field(default=6, ge=1, le=32)

@@ -52,6 +52,9 @@ class Rescored:
     subset_items: int = 0
     scores: dict[int, float] = field(default_factory=dict)
     note: str = ""
+    # The grader named in the words when it is not the one the points were scored by (a judged
+    # job whose choice fell back: "deterministic ROUGE-L"); "" says nothing of it.
+    grader: str = ""
 
 
 @dataclass(frozen=True)
@@ -140,8 +143,9 @@ def describe(rescored: Rescored, scores: dict[int, float], subset_best: int) -> 
         if found[0] == subset_best
         else f"the choice moved from step {subset_best}, the best on the subset, to step {found[0]}"
     )
+    by = f" with the {rescored.grader} scores too" if rescored.grader else ""
     return (
-        f"Re-scored the top {len(parts)} checkpoints on the whole eval split ({rescored.items} "
-        f"items, the subset's {rescored.subset_items} among them): {', '.join(parts)}; "
-        f"{verdict}."
+        f"Re-scored the top {len(parts)} checkpoints on the whole eval split{by} "
+        f"({rescored.items} items, the subset's {rescored.subset_items} among them): "
+        f"{', '.join(parts)}; {verdict}."
     )

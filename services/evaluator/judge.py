@@ -4,26 +4,31 @@ official `openai` SDK.
 
 Each question gets a verdict (a score or a label, and a written assessment) or a JudgeError,
 never an exception and never a silent 0: a reply that cannot be read is asked once more,
-quoting why, and a second bad reply (or the endpoint failing after the SDK's own retries) is a
-JudgeError with the reason. Calls in flight are bounded (one semaphore per client, shared by
-every job). Verdicts are cached by sha256 of (tenant, rubric version, input, output, model,
-what was asked), so the same question is never paid for twice; failures are not cached.
+quoting why, and a second bad reply is a JudgeError with the reason. A call that failed for a
+reason that passes (the connection, a timeout, 408/409/429, a 5xx) is made again after a
+backoff (`max_retries` times, each wait doubling from `backoff_s` up to `max_backoff_s`, or the
+endpoint's Retry-After within that bound) before it is a JudgeError; a refusal (400, 401, 404)
+is one at once. Calls in flight are bounded (one semaphore per client, shared by every job; a
+call waiting out its backoff holds no place). Verdicts are cached by sha256 of (tenant, rubric
+version, input, output, model, what was asked), so the same question is never paid for twice;
+failures are not cached, so the next question about the same answer asks the judge again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
-import re
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol
 
 import openai
 from pydantic import BaseModel, Field, model_validator
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
+from services.evaluator.judge_replies import Unreadable, read_label, read_score
 from services.evaluator.templating import TemplateError, render
 
 PURPOSE_HEADER = "x-tuneloop-purpose"
@@ -91,66 +96,6 @@ class LabelModelGrader(BaseModel):
 ModelGrader = Annotated[ScoreModelGrader | LabelModelGrader, Field(discriminator="type")]
 
 
-# --- reading a reply -----------------------------------------------------------------------------
-
-
-class Unreadable(ValueError):
-    """The judge's reply cannot be used; the message says why (it is quoted back on the retry)."""
-
-
-_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
-
-
-def json_object(text: str) -> dict[str, Any]:
-    """The first JSON object in the reply: the whole reply, a ```json fence, or one embedded in
-    prose (small models add words around it)."""
-    candidates = [text.strip(), *(m.group(1).strip() for m in _FENCE.finditer(text))]
-    for candidate in candidates:
-        try:
-            value = json.loads(candidate)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            return value
-    decoder = json.JSONDecoder()
-    for start in (i for i, c in enumerate(text) if c == "{"):
-        try:
-            value, _ = decoder.raw_decode(text, start)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            return value
-    raise Unreadable("the reply holds no JSON object")
-
-
-def _assessment(obj: dict[str, Any]) -> str:
-    assessment = obj.get("assessment")
-    if not isinstance(assessment, str) or not assessment.strip():
-        raise Unreadable('"assessment": missing; write one or two sentences on why')
-    return assessment.strip()
-
-
-def read_score(text: str, low: float, high: float) -> tuple[float, str]:
-    obj = json_object(text)
-    score = obj.get("score")
-    if isinstance(score, str):
-        with contextlib.suppress(ValueError):
-            score = float(score.strip())
-    if isinstance(score, bool) or not isinstance(score, int | float):
-        raise Unreadable(f'"score": {score!r} is not a number from {low:g} to {high:g}')
-    if not low <= float(score) <= high:
-        raise Unreadable(f'"score": {score!r} is outside the range {low:g} to {high:g}')
-    return float(score), _assessment(obj)
-
-
-def read_label(text: str, labels: list[str]) -> tuple[str, str]:
-    obj = json_object(text)
-    label = obj.get("label")
-    if not isinstance(label, str) or label.strip() not in labels:
-        raise Unreadable(f'"label": {label!r} is not one of {json.dumps(labels)}')
-    return label.strip(), _assessment(obj)
-
-
 # --- outcomes and the cache ----------------------------------------------------------------------
 
 
@@ -208,6 +153,38 @@ def _describe(exc: openai.APIError) -> str:
     return f"{type(exc).__name__}: {exc}"[:500]
 
 
+# What another try may fix, as the openai SDK's own retry rule: a dropped connection or a
+# timeout, a request timeout or lock conflict, a rate limit, a server error.
+_PASSING = frozenset({408, 409, 429})
+
+
+def transient(exc: BaseException) -> bool:
+    if isinstance(exc, openai.APIConnectionError):  # APITimeoutError is one
+        return True
+    return isinstance(exc, openai.APIStatusError) and (
+        exc.status_code in _PASSING or exc.status_code >= 500
+    )
+
+
+def _retry_after(exc: BaseException | None) -> float | None:
+    """The seconds a 429 or 503 asks to wait (`Retry-After` in seconds), if it says."""
+    response = getattr(exc, "response", None)
+    value = response.headers.get("retry-after") if response is not None else None
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: the backoff decides
+
+
+class EndpointFailed(Exception):
+    """The judge endpoint failed on every try; `tries` calls were made."""
+
+    def __init__(self, cause: openai.APIError, tries: int) -> None:
+        after = f" ({tries} tries)" if tries > 1 else ""
+        super().__init__(f"judge endpoint: {_describe(cause)}{after}")
+        self.tries = tries
+
+
 class JudgeClient:
     def __init__(
         self,
@@ -217,34 +194,65 @@ class JudgeClient:
         purpose: str | None = "judge",
         concurrency: int = 4,
         timeout_s: float = 120.0,
-        max_retries: int = 2,
+        max_retries: int = 3,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
         max_tokens: int = 400,
         cache: VerdictCache | None = None,
     ) -> None:
         headers = {PURPOSE_HEADER: purpose} if purpose else None
+        # The SDK retries nothing: the backoff below is the one rule, counted and bounded.
         self._client = openai.AsyncOpenAI(
             base_url=base_url,
             api_key=api_key,
             timeout=timeout_s,
-            max_retries=max_retries,
+            max_retries=0,
             default_headers=headers,
         )
         self._gate = asyncio.Semaphore(concurrency)
         self.max_tokens, self.cache = max_tokens, cache
+        self.max_retries, self.backoff_s, self.max_backoff_s = max_retries, backoff_s, max_backoff_s
 
     async def aclose(self) -> None:
         await self._client.close()
 
+    def _wait(self, state: RetryCallState) -> float:
+        """Before try n + 1: backoff_s x 2^(n-1) (jittered to 75-100 %, so calls that failed
+        together do not return together), or what Retry-After asks; at most max_backoff_s."""
+        failed = state.outcome.exception() if state.outcome is not None else None
+        jitter = random.uniform(0.75, 1.0)  # noqa: S311  # spreading retries, not a secret
+        backoff: float = self.backoff_s * 2 ** (state.attempt_number - 1) * jitter
+        asked = _retry_after(failed)
+        return min(self.max_backoff_s, max(backoff, asked or 0.0))
+
     async def complete(
         self, model: str, messages: list[dict[str, str]], sampling: Mapping[str, Any] | None = None
     ) -> str:
-        """One reply's text; openai.APIError when the endpoint fails (after the SDK's retries)."""
+        """One reply's text; EndpointFailed when the endpoint fails for good (a refusal at
+        once; a transient failure after `max_retries` more tries)."""
         params: dict[str, Any] = {"temperature": 0, "max_tokens": self.max_tokens}
         for name, value in (sampling or {}).items():
             if value is not None and name in ("temperature", "top_p", "seed"):
                 params[name] = value
             elif value is not None and name == "max_completions_tokens":
                 params["max_tokens"] = value
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.max_retries + 1),
+            wait=self._wait,
+            retry=retry_if_exception(transient),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._call(model, messages, params)
+        except openai.APIError as exc:
+            raise EndpointFailed(exc, retrying.statistics.get("attempt_number", 1)) from exc
+        raise AssertionError("unreachable: AsyncRetrying returns or raises")
+
+    async def _call(
+        self, model: str, messages: list[dict[str, str]], params: dict[str, Any]
+    ) -> str:
         async with self._gate:
             completion = await self._client.chat.completions.create(
                 model=model,
@@ -273,8 +281,8 @@ class JudgeClient:
         for attempt in (1, 2):
             try:
                 reply = await self.complete(model, conversation, sampling)
-            except openai.APIError as exc:
-                return JudgeError(f"judge endpoint: {_describe(exc)}", attempt)
+            except EndpointFailed as exc:
+                return JudgeError(str(exc), attempt)
             try:
                 value, assessment = read(reply)
             except Unreadable as exc:

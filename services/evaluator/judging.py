@@ -38,7 +38,6 @@ from services.evaluator.rubric import (
 )
 from services.evaluator.scoring import ItemResult
 from services.evaluator.subset import EvalItem
-from shared.tasks import TaskKind
 
 log = logging.getLogger("tuneloop.evaluator.judge")
 # The gate on judge scores (0-10 scaled to [0, 1]): 6/10 is an answer the rubric calls
@@ -111,6 +110,15 @@ def summarise(step: int, rows: list[tuple[Any, Any]]) -> PointJudgement:
     return PointJudgement(step, mean, det, verdicts, errors, sorted(versions))
 
 
+def _unjudged(points: dict[int, PointJudgement], steps: list[int]) -> str:
+    """Words on the answers the judge could not grade, which the means leave out ('' if none)."""
+    counted = {s: points[s].judge_errors for s in steps if s in points and points[s].judge_errors}
+    if not counted:
+        return ""
+    where = ", ".join(f"{n} at step {s}" for s, n in sorted(counted.items()))
+    return f" ({sum(counted.values())} answers had no verdict, judge_error, left out: {where})"
+
+
 class Judging:
     def __init__(
         self,
@@ -136,6 +144,8 @@ class Judging:
                 concurrency=settings.concurrency,
                 timeout_s=settings.timeout_s,
                 max_retries=settings.max_retries,
+                backoff_s=settings.backoff_s,
+                max_backoff_s=settings.max_backoff_s,
                 max_tokens=settings.max_tokens,
                 cache=judge_records.DbVerdictCache(db),
             )
@@ -325,53 +335,59 @@ class Judging:
 
     # --- the decision -----------------------------------------------------------------------
 
-    async def settle(self, job: EvalJobRow, made: decision.Decision) -> decision.Decision:
-        """The decision of a judged job: the judge's choice while it is trusted and gave a
-        verdict at every point, else the deterministic scores' choice; the reason says which."""
+    async def choose(self, job: EvalJobRow, scores: dict[int, float]) -> Choice | None:
+        """Who chooses a judged job's checkpoint, before the top ones are re-scored: the judge
+        while it is trusted and gave a verdict at every point of `scores` (its means), else the
+        deterministic grader, on its scores of the same answers. None: the job is not judged."""
         judged = await asyncio.to_thread(judge_records.judged_job, self.db, job.job_id)
-        if judged is None or made.best_score is None or job.last_step is None:
-            return made
-        steps = sorted(made.scores)
+        if judged is None or not scores:
+            return None
+        steps = sorted(scores)
         points = await self.points(job.job_id, [BASE_STEP, *steps])
         calibration = await self.calibration(job.tenant, job.dataset_version)
         status, why = calibration.agreement.status, calibration.agreement.reason
         missing = [s for s in steps if s not in points or points[s].judge_score is None]
         if status == "trusted" and not missing:
-            outcome, reason = judge_gate(made.best_score, made.base_score)
             note = (
                 f"The judge ({judged.model}, rubric {calibration.rubric_version}) is trusted: "
-                f"{why}; the checkpoint was chosen by its scores."
+                f"{why}; the checkpoint was chosen by its scores{_unjudged(points, steps)}."
             )
-            whole = " (whole eval split)" if getattr(made, "rescored", None) else ""
-            return dataclasses.replace(made, gate=outcome, gate_reason=f"{note} {reason}{whole}")
+            return Choice(True, note, dict(scores), job.base_score)
         if missing:
             why = "the judge gave no verdict at step(s) " + ", ".join(map(str, missing))
         else:
             why = f"the judge's calibration is '{status}' ({why})"
-        return await self._fall_back(job, steps, points, why)
-
-    async def _fall_back(
-        self, job: EvalJobRow, steps: list[int], points: dict[int, PointJudgement], why: str
-    ) -> decision.Decision:
-        assert job.last_step is not None
-        kind: TaskKind = job.task_kind  # type: ignore[assignment]  # stored from a TaskKind
-        uris = {
-            p.step: p.checkpoint_uri
-            for p in await asyncio.to_thread(records.points, self.db, job.job_id)
-        }
-        scores = {s: points[s].deterministic_score for s in steps if s in points}
-        base = points[BASE_STEP].deterministic_score if BASE_STEP in points else None
-        redo = decision.decide(
-            kind=kind,
-            eval_every=job.eval_every,
-            scores=scores,
-            uris=uris,
-            base_score=base,
-            last_step=job.last_step,
-            last_uri=job.last_checkpoint_uri or uris.get(job.last_step, job.artifact_uri or ""),
-        )
-        grader = DETERMINISTIC.get(job.task_kind, "deterministic")
+        grader = deterministic_grader(job.task_kind)
         note = f"Checkpoint choice fell back to the deterministic {grader} scores: {why}."
-        return dataclasses.replace(
-            redo, gate_reason=f"{note} {redo.gate_reason}", judge_fallback=True
-        )
+        fallen = {s: points[s].deterministic_score for s in steps if s in points}
+        base = points[BASE_STEP].deterministic_score if BASE_STEP in points else None
+        return Choice(False, note, fallen, base)
+
+    def settle(self, made: decision.Decision, choice: Choice) -> decision.Decision:
+        """The decision made on `choice`'s scores, in its words: gated on the judge's scale
+        when the judge chose, else as the deterministic grader's decision (judge_fallback)."""
+        if made.best_score is None:
+            return made  # nothing was scored: the reason stands as it is
+        if choice.by_judge:
+            outcome, reason = judge_gate(made.best_score, made.base_score)
+            whole = " (whole eval split)" if made.rescored else ""
+            text = f"{choice.note} {reason}{whole}"
+            return dataclasses.replace(made, gate=outcome, gate_reason=text)
+        text = f"{choice.note} {made.gate_reason}"
+        return dataclasses.replace(made, gate_reason=text, judge_fallback=True)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Who chooses a judged job's checkpoint, and on which scores: `by_judge` (its means), or
+    the deterministic grader's scores of the same answers; `note` begins the decision's text."""
+
+    by_judge: bool
+    note: str
+    scores: dict[int, float]
+    base_score: float | None
+
+
+def deterministic_grader(task_kind: str) -> str:
+    """The deterministic grader's name in the decision's words, e.g. `ROUGE-L`."""
+    return DETERMINISTIC.get(task_kind, "deterministic")

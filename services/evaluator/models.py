@@ -120,6 +120,12 @@ class EvalRescoreRow(SQLModel, table=True):
     outputs_uri: str = Field(max_length=1024)
     duration_s: float
     scored_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    # Whose scores: `judge` (a judged job the judge chooses for) or `deterministic` (every other
+    # job, and a judged job whose choice fell back): a re-score of the other kind is redone.
+    grader: str = Field(
+        default="deterministic", max_length=16,
+        sa_column_kwargs={"server_default": "deterministic"},
+    )  # fmt: skip
 
 
 class EvalServingRow(SQLModel, table=True):
@@ -179,6 +185,8 @@ class EvalsRunRow(SQLModel, table=True):
     passed: int = 0
     failed: int = 0
     errored: int = 0
+    # Of the errored items, those the judge could not grade (judge_error).
+    judge_errors: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     # {criterion name: [passed, failed]} and {model: usage counts}, JSON, added to per chunk.
     per_criteria: bytes = Field(sa_type=sa.LargeBinary)
     usage: bytes = Field(sa_type=sa.LargeBinary)

@@ -12,14 +12,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Literal
 
-from services.evaluator.judge import (
-    JudgeClient,
-    JudgeError,
-    Outcome,
-    Unreadable,
-    cache_key,
-    json_object,
-)
+from services.evaluator.judge import JudgeClient, JudgeError, Outcome, cache_key
+from services.evaluator.judge_replies import Unreadable, json_object
 
 Winner = Literal["first", "second", "tie", "judge_error"]
 _CHOICES = ("A", "B", "tie")

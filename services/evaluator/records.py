@@ -215,6 +215,19 @@ def store_serving_baseline(engine: Engine, row: EvalServingRow) -> None:
         session.merge(row)
 
 
+def judge_errors(engine: Engine, job_id: str) -> dict[int, int]:
+    """How many answers at each scored point (BASE_STEP: the base) the judge could not grade
+    (`judge_error` in their detail): left out of that point's mean."""
+    with session_scope(engine) as session:
+        rows = session.exec(
+            select(EvalResultRow.step, EvalResultRow.detail).where(EvalResultRow.job_id == job_id)
+        ).all()
+    counts: dict[int, int] = {}
+    for step, detail in rows:
+        counts[step] = counts.get(step, 0) + (b'"judge_error"' in detail)
+    return counts
+
+
 def results(engine: Engine, job_id: str, step: int) -> list[tuple[EvalItemRow, EvalResultRow]]:
     with session_scope(engine) as session:
         rows = session.exec(

@@ -1,10 +1,12 @@
 """Re-scoring before the final choice: which checkpoints, on which items, and the combined score.
 
 The top checkpoints by subset score are scored on the whole eval split, up to a bound, so that
-the noise of a small subset does not pick the winner. The whole split's first items in the subset's own order (sha256 of version and
-sample id) are the subset itself; those answers were generated at temperature 0 and are reused,
-so only the rest of the split is generated. Each re-score is stored once made, so a restart
-re-scores only what is left.
+the noise of a small subset does not pick the winner, on the scores that choose: the judge's,
+or the deterministic graders' (every other job, and a judged job whose choice fell back to
+them). The whole split's first items in the subset's own order (sha256 of version and sample
+id) are the subset itself; those answers were generated at temperature 0 and are reused, so only
+the rest of the split is generated. Each re-score is stored once made, so a restart re-scores
+only what is left.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from services.evaluator.subset import EvalItem, SubsetError, item_of, pick, read
 from shared.storage import ObjectStore
 
 log = logging.getLogger("tuneloop.evaluator")
+# Whose scores a re-score is on (EvalRescoreRow.grader).
+JUDGE, DETERMINISTIC = "judge", "deterministic"
 # Generate and grade `items` at a checkpoint's step and store the outputs: (each item's score,
 # the outputs' URI).
 ScoreRest = Callable[[int, list[EvalItem]], Awaitable[tuple[list[float], str]]]
@@ -68,6 +72,16 @@ def verdict_scores(results: Iterable[tuple[float, dict[str, Any]]]) -> list[floa
     return [score for score, detail in results if "judge_error" not in detail]
 
 
+def deterministic_scores(results: Iterable[tuple[float, dict[str, Any]]]) -> list[float]:
+    """Every item's deterministic grade: kept beside the verdict on a judged item (its detail's
+    `deterministic`), the score itself on any other."""
+    return [float(detail.get("deterministic", {}).get("score", score)) for score, detail in results]
+
+
+def subset_scores(grader: str, results: Iterable[tuple[float, dict[str, Any]]]) -> list[float]:
+    return (deterministic_scores if grader == DETERMINISTIC else verdict_scores)(results)
+
+
 def combined(subset_scores: Sequence[float], rest_scores: Sequence[float]) -> float:
     """The mean over the whole split: the subset's item scores and the rest's together."""
     total = len(subset_scores) + len(rest_scores)
@@ -83,9 +97,13 @@ async def rescore(
     top: int,
     max_items: int,
     score_rest: ScoreRest,
+    grader: str = DETERMINISTIC,
+    grader_words: str = "",
 ) -> Rescored | None:
-    """The top checkpoints on the whole split; a note saying why not when it cannot be done;
-    None when re-scoring could not change the choice."""
+    """The top checkpoints by `scores` on the whole split, on `grader`'s scores (the judge's,
+    or the deterministic ones: `score_rest` grades the rest so); a note saying why not when it
+    cannot be done; None when re-scoring could not change the choice. `grader_words` names the
+    grader in the decision's text (Rescored.grader)."""
     steps = candidates(scores, top)
     if not steps:
         return None
@@ -103,34 +121,38 @@ async def rescore(
         return Rescored(note=f"Not re-scored on the whole eval split: {exc}.")
     if not rest:
         return Rescored(note=f"No re-scoring: the subset ({len(subset)} items) is the whole split.")
-    done = {r.step: r for r in await asyncio.to_thread(records.rescores, db, job.job_id)}
+    stored = await asyncio.to_thread(records.rescores, db, job.job_id)
+    done = {r.step: r for r in stored if r.grader == grader}
     try:
         for step in steps:
             if step not in done:
-                done[step] = await _rescore_one(db, job.job_id, step, rest, score_rest)
+                done[step] = await _rescore_one(db, job.job_id, step, rest, score_rest, grader)
     except HosterRefused as exc:
         return Rescored(note=f"Not re-scored on the whole eval split: {exc}.")
     return Rescored(
         items=len(subset) + len(rest),
         subset_items=len(subset),
         scores={s: done[s].score for s in steps},
+        grader=grader_words,
     )
 
 
 async def _rescore_one(
-    db: DbEngine, job_id: str, step: int, rest: list[EvalItem], score_rest: ScoreRest
-) -> EvalRescoreRow:
+    db: DbEngine, job_id: str, step: int, rest: list[EvalItem], score_rest: ScoreRest,
+    grader: str,
+) -> EvalRescoreRow:  # fmt: skip
     started = time.monotonic()
     rest_scores, uri = await score_rest(step, rest)
     subset = await asyncio.to_thread(records.results, db, job_id, step)
-    subset_scores = verdict_scores((r.score, json.loads(r.detail)) for _, r in subset)
+    counted = subset_scores(grader, ((r.score, json.loads(r.detail)) for _, r in subset))
     row = EvalRescoreRow(
         job_id=job_id,
         step=step,
-        score=combined(subset_scores, rest_scores),
-        items=len(subset_scores) + len(rest_scores),
+        score=combined(counted, rest_scores),
+        items=len(counted) + len(rest_scores),
         outputs_uri=uri,
         duration_s=time.monotonic() - started,
+        grader=grader,
     )
     await asyncio.to_thread(records.store_rescore, db, row)
     log.info(

@@ -16,14 +16,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from services.evaluator.graders import Answer
-from services.evaluator.judge import (
-    GraderMessage,
-    JudgeClient,
-    JudgeError,
-    ScoreModelGrader,
-    Unreadable,
-    json_object,
-)
+from services.evaluator.judge import GraderMessage, JudgeClient, JudgeError, ScoreModelGrader
+from services.evaluator.judge_replies import Unreadable, json_object
 from services.evaluator.subset import EvalItem
 
 SCALE = (0.0, 10.0)

@@ -28,7 +28,7 @@ from services.evaluator.engine_client import (
     Serving,
     generate,
 )
-from services.evaluator.judging import Judging
+from services.evaluator.judging import Choice, Judging, deterministic_grader
 from services.evaluator.models import BASE_STEP, EvalJobRow, EvalPointRow
 from services.evaluator.subset import EvalItem, SubsetError, build_subset
 from shared.events import (
@@ -214,9 +214,11 @@ class Evaluator:
         items: list[EvalItem] | None = None,
         part: str = "",
         key: str | None = None,
+        judged: bool = True,
     ) -> tuple[list[scoring.ItemResult], float, str]:
-        """Generate and grade the subset (or `items`); store the outputs as JSONL (the key's
-        `part` after the step, or `key`). (results, mean, uri)"""
+        """Generate and grade the subset (or `items`), by the judge too for a judged job unless
+        `judged` is False; store the outputs as JSONL (the key's `part` after the step, or
+        `key`). (results, mean, uri)"""
         if items is None:
             items = await asyncio.to_thread(records.items, self.db, job.job_id)
         outputs = await generate(
@@ -229,7 +231,7 @@ class Evaluator:
         kind: TaskKind = job.task_kind  # type: ignore[assignment]  # stored from a TaskKind
         results = scoring.grade(kind, items, outputs)
         score = scoring.mean_score(results)
-        if self.judging is not None:
+        if self.judging is not None and judged:
             results, score = await self.judging.grade(job, results, score)
         key = key or outputs_key(job.tenant, job.job_id, step, part)
         body = scoring.outputs_jsonl(results)
@@ -392,21 +394,26 @@ class Evaluator:
         scores = {s: p.score for s, p in rows.items() if s in planned and p.score is not None}
         kind: TaskKind = job.task_kind  # type: ignore[assignment]
         uris = {s: p.checkpoint_uri for s, p in rows.items()}
-        rescored = await self._rescored(job, scores, uris) if evaluated else None
+        # A judged job: the judge chooses only while it is trusted (judging.choose); else the
+        # deterministic scores of the same answers do, re-scored on the whole split as theirs.
+        choice = None
+        if self.judging is not None and evaluated:
+            choice = await self.judging.choose(job, scores)
+        chosen = choice.scores if choice is not None else scores
+        rescored = await self._rescored(job, chosen, uris, choice) if evaluated else None
         made = decision.decide(
             kind=kind,
             eval_every=job.eval_every,
-            scores=scores if evaluated else {},
+            scores=chosen if evaluated else {},
             uris=uris,
-            base_score=job.base_score,
+            base_score=choice.base_score if choice is not None else job.base_score,
             last_step=job.last_step,
             last_uri=last_uri,
             no_eval_reason=job.eval_error,
             rescored=rescored,
         )
-        # A judged job: the judge's choice only while it is trusted (judging.settle).
-        if self.judging is not None:
-            made = await self.judging.settle(job, made)
+        if self.judging is not None and choice is not None:
+            made = self.judging.settle(made, choice)
         return await serving_baseline.against_serving(
             self.db, self.store, self.hoster, job, made,
             margin=self.serving_margin, max_items=self.rescore_max_items,
@@ -444,19 +451,30 @@ class Evaluator:
         return results, uri
 
     async def _rescored(
-        self, job: EvalJobRow, scores: dict[int, float], uris: dict[int, str]
+        self,
+        job: EvalJobRow,
+        scores: dict[int, float],
+        uris: dict[int, str],
+        choice: Choice | None,
     ) -> decision.Rescored | None:
-        """The top checkpoints re-scored on the whole eval split (rescoring.py)."""
+        """The top checkpoints re-scored on the whole eval split (rescoring.py), on the scores
+        that choose: a judged job's fallback grades the rest deterministically, asking no judge."""
+        by_judge = choice is not None and choice.by_judge
+        fell_back = choice is not None and not choice.by_judge
 
         async def score_rest(step: int, items: list[EvalItem]) -> tuple[list[float], str]:
             engine = await self._engine(job)
             model = await self.hoster.load_checkpoint(engine.engine_id, uri=uris[step], step=step)
-            results, _, uri = await self._run(job, engine.base_url, model, step, items, "-rest")
+            results, _, uri = await self._run(
+                job, engine.base_url, model, step, items, "-rest", judged=by_judge
+            )
             return rescoring.verdict_scores((r.score, r.detail) for r in results), uri
 
         return await rescoring.rescore(
             self.db, self.store, job, scores,
             top=self.rescore_top, max_items=self.rescore_max_items, score_rest=score_rest,
+            grader=rescoring.JUDGE if by_judge else rescoring.DETERMINISTIC,
+            grader_words=f"deterministic {deterministic_grader(job.task_kind)}" if fell_back else "",
         )  # fmt: skip
 
     async def _publish_decision(self, job: EvalJobRow) -> None:

@@ -295,6 +295,11 @@ class Run(BaseModel):
     per_testing_criteria_results: list[CriterionResult]
     per_model_usage: list[ModelUsage]
     report_url: str | None = Field(description="always null: tuneloop renders no report page")
+    judge_errors: int = Field(
+        default=0,
+        description="of result_counts.errored, the items a judge (score_model, label_model) "
+        "could not grade: not OpenAI's field; a later run asks the judge again",
+    )
 
 
 class RunList(BaseModel):

@@ -354,6 +354,7 @@ def run_object(row: EvalsRunRow) -> protocol.Run:
             protocol.ModelUsage(model_name=model, **numbers) for model, numbers in usage.items()
         ],
         report_url=None,
+        judge_errors=row.judge_errors,
     )
 
 

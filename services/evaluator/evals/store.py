@@ -17,6 +17,7 @@ from services.evaluator.models import EvalsEvalRow, EvalsOutputItemRow, EvalsRun
 from shared.db import session_scope, utcnow
 
 LIVE = ("queued", "in_progress")
+JUDGE_ERROR = "judge_error"  # how a result the judge could not grade starts its error
 T = TypeVar("T")
 Order = Literal["asc", "desc"]
 
@@ -267,6 +268,9 @@ def store_graded(
             run.passed += graded.status == "pass"
             run.failed += graded.status == "fail"
             run.errored += graded.status == "error"
+            run.judge_errors += any(
+                str(result.get("error", "")).startswith(JUDGE_ERROR) for result in graded.results
+            )
             for result in graded.results:
                 if "error" not in result:
                     counts = per_criteria.setdefault(result["name"], [0, 0])

@@ -389,6 +389,7 @@ def test_score_model_and_label_model_are_graded_by_the_judge(stack: Stack) -> No
     done = until_done(client, eval_id, _jsonl(client, eval_id, given).id)
     assert done.status == "completed", done
     assert done.result_counts.model_dump() == {"total": 3, "passed": 1, "failed": 1, "errored": 1}
+    assert done.to_dict()["judge_errors"] == 1  # the errored item is the judge's
     paris, saturn, garbled = _items(client, eval_id, done.id)
     assert [(r.type, r.score, r.passed) for r in paris.results] == [
         ("label-model-grader", 1.0, True), ("score-model-grader", 0.9, True)]  # fmt: skip

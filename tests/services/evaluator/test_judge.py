@@ -1,18 +1,24 @@
 """The LLM judge against a local fake judge (tests/fakes/judge.py) through the official openai
-SDK: valid verdicts, a malformed reply asked again (then valid, or a judge_error), a 500 and a
-slow judge as judge_errors, the bound on calls in flight, the verdict cache, OpenAI's
-score_model / label_model shapes, and pairwise comparison both ways round."""
+SDK: valid verdicts, a malformed reply asked again (then valid, or a judge_error), a failure that
+passes (503, 429 with Retry-After, a refused connection) tried again after a bounded backoff, a
+refusal (400) not, a 500 and a slow judge as judge_errors, the bound on calls in flight, the
+verdict cache, OpenAI's score_model / label_model shapes, and pairwise comparison both ways
+round."""
 
 from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 from sqlalchemy.engine import Engine
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from services.evaluator.judge import (
     GraderMessage,
@@ -20,14 +26,14 @@ from services.evaluator.judge import (
     LabelModelGrader,
     ModelGrade,
     ScoreModelGrader,
-    Unreadable,
     grade,
-    read_score,
 )
 from services.evaluator.judge_records import DbVerdictCache
+from services.evaluator.judge_replies import Unreadable, read_score
 from services.evaluator.pairwise import compare
 from shared.db import make_engine
-from tests.fakes.judge import FakeJudge
+from tests.fakes.judge import Call, FakeJudge
+from tests.plugins.infra import free_port
 
 REFERENCE = '{"id": 7, "team": "billing"}'
 PROSE = "Sure! I would say it is a decent answer overall."  # the fake's malformed reply
@@ -141,8 +147,8 @@ async def test_malformed_twice_or_out_of_range_is_a_judge_error_never_a_score(
     assert len(fake.calls) == 4
 
 
-async def test_an_erroring_judge_is_a_judge_error_after_the_sdk_retries(fake: FakeJudge) -> None:
-    judge = client_of(fake, max_retries=1)
+async def test_an_erroring_judge_is_a_judge_error_after_its_retries(fake: FakeJudge) -> None:
+    judge = client_of(fake, max_retries=1, backoff_s=0.01)
     try:
         result = await ask(judge, "ERROR500")
     finally:
@@ -150,7 +156,80 @@ async def test_an_erroring_judge_is_a_judge_error_after_the_sdk_retries(fake: Fa
     assert result.score is None
     assert result.error is not None
     assert "judge endpoint: answered 500" in result.error
-    assert len(fake.calls) == 2  # the SDK's one retry, then the item's judge_error
+    assert "(2 tries)" in result.error
+    assert len(fake.calls) == 2  # one try more, then the item's judge_error
+
+
+@dataclass
+class FlakyJudge(FakeJudge):
+    """The fake judge behind an endpoint that fails first: each call takes the next of
+    `failures` (an HTTP status, and a Retry-After or None) until none is left."""
+
+    failures: list[tuple[int, str | None]] = field(default_factory=list)
+
+    async def chat(self, request: Request) -> Response:
+        if not self.failures:
+            return await super().chat(request)
+        self.calls.append(Call(await request.json(), dict(request.headers)))
+        status, after = self.failures.pop(0)
+        error = {"message": f"the judge is away ({status})", "type": "server_error"}
+        headers = {"retry-after": after} if after is not None else None
+        return JSONResponse({"error": error}, status_code=status, headers=headers)
+
+
+async def test_a_failure_that_passes_is_tried_again_after_a_backoff() -> None:
+    with FlakyJudge(failures=[(503, None), (429, "0.4")]) as flaky:
+        judge = client_of(flaky, max_retries=3, backoff_s=0.01)
+        started = time.monotonic()
+        try:
+            result = await ask(judge, REFERENCE)
+        finally:
+            await judge.aclose()
+    # A 503, then a rate limit asking for 0.4 s (waited, not the 0.02 s backoff), then a verdict.
+    assert (result.score, result.error, result.attempts) == (0.9, None, 1)
+    assert len(flaky.calls) == 3
+    assert time.monotonic() - started >= 0.4
+
+
+async def test_a_refusal_is_a_judge_error_at_once_and_lasting_failures_are_bounded() -> None:
+    with FlakyJudge(failures=[(400, None)] + [(503, "100")] * 5) as flaky:
+        judge = client_of(flaky, max_retries=2, backoff_s=0.01, max_backoff_s=0.05)
+        try:
+            refused = await ask(judge, REFERENCE)
+            calls = len(flaky.calls)
+            started = time.monotonic()
+            away = await ask(judge, REFERENCE)
+            waited = time.monotonic() - started
+        finally:
+            await judge.aclose()
+    assert refused.error is not None
+    assert refused.error.startswith("judge endpoint: answered 400: ")
+    assert refused.error.endswith("the judge is away (400)")  # no count: one try
+    assert calls == 1  # a refusal is not asked again
+    # Three tries, each wait the bound (0.05 s), not the 100 s the endpoint asked for.
+    assert away.error is not None
+    assert away.error.startswith("judge endpoint: answered 503: ")
+    assert away.error.endswith("the judge is away (503) (3 tries)")
+    assert (away.score, len(flaky.calls) - calls) == (None, 3)
+    assert waited < 5
+
+
+async def test_a_judge_that_cannot_be_reached_is_tried_again_then_a_judge_error(
+    db: Engine,
+) -> None:
+    port = free_port()  # nothing listens there until the judge comes back
+    judge = JudgeClient(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=3, backoff_s=0.01,
+        cache=DbVerdictCache(db),
+    )  # fmt: skip
+    try:
+        first = await ask(judge, REFERENCE)
+        with FakeJudge(port=port) as back:
+            again = await ask(judge, REFERENCE)  # the judge_error was not kept: asked again
+    finally:
+        await judge.aclose()
+    assert first.error == "judge endpoint: APIConnectionError: Connection error. (4 tries)"
+    assert (again.score, again.cached, len(back.calls)) == (0.9, False, 1)
 
 
 async def test_a_slow_judge_times_out_as_a_judge_error(fake: FakeJudge) -> None:

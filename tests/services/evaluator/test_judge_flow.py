@@ -1,12 +1,14 @@
 """A judged job through the evaluator's runner on real S3 and SQLite, in front of the fake hoster
 and engine (fakes.py) and a fake judge (tests/fakes/judge.py): the rubric written once from the
 data, every answer judged with its deterministic grade kept, the choice falling back to the
-deterministic scores in words while the judge is not calibrated, people's labels through the
+deterministic scores in words while the judge is not calibrated (the top checkpoints then
+re-scored on the whole split with those scores, no judge asked), people's labels through the
 API making it trusted (and the judge then choosing), a rubric edit making a new version that
 later verdicts name, and disagreeing labels making it untrusted again."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import uuid
 from collections.abc import AsyncIterator
@@ -20,7 +22,7 @@ import pytest
 from fastapi import FastAPI
 from sqlalchemy.engine import Engine
 
-from services.evaluator import api, judge_api
+from services.evaluator import api, judge_api, records
 from services.evaluator.engine_client import HosterClient
 from services.evaluator.judge import JudgeClient
 from services.evaluator.judge_records import DbVerdictCache
@@ -61,16 +63,19 @@ class World:
     def of(self, kind: type[Event], job_id: str) -> list[Any]:
         return [e for e in self.events if isinstance(e, kind) and e.job_id == job_id]  # type: ignore[attr-defined]
 
-    async def run(self, job_id: str) -> EvalDecided:
-        """Plan a 30-step job evaluated every 10 steps, save its checkpoints, end training."""
+    async def run(
+        self, job_id: str, *, dataset_uri: str = "", dataset_version: str = ""
+    ) -> EvalDecided:
+        """Plan a 30-step job evaluated every 10 steps, save its checkpoints, end training (on
+        the world's dataset, or the one given)."""
         await self.evaluator.planned(
             JobPlanned(
                 tenant=TENANT,
                 job_id=job_id,
                 base_model="SmolLM2-135M-Instruct",
                 dataset_id="ds-judge",
-                dataset_version=self.dataset_version,
-                dataset_uri=self.dataset_uri,
+                dataset_version=dataset_version or self.dataset_version,
+                dataset_uri=dataset_uri or self.dataset_uri,
                 task_kind="free_text",
                 steps=30,
                 eval_every=10,
@@ -277,3 +282,45 @@ async def test_an_edited_rubric_is_named_by_later_verdicts_and_disagreeing_label
     labels = (await world.http.get(f"/v1/evals/{job_id}/labels")).json()["data"]
     assert len(labels) == 16
     assert {label["kind"] for label in labels} == {"pass_fail"}
+
+
+async def test_a_fallback_rescores_the_top_checkpoints_with_the_deterministic_grader(
+    world: World, tmp_path: Path
+) -> None:
+    # A split of 24: the subset is 16 of them, and re-scoring answers the other 8. No label on
+    # this dataset version: the judge is not calibrated, so ROUGE-L chooses.
+    prefix = f"tenants/{TENANT}/datasets/judge-wide"
+    body = b"".join(ticket(n, tenant=TENANT).to_json_bytes() + b"\n" for n in range(24))
+    (tmp_path / "eval.jsonl").write_bytes(body)
+    (tmp_path / "train.jsonl").write_bytes(b"")
+    world.store.put_dir(tmp_path, prefix)
+    job_id, version = f"ftjob-{uuid.uuid4().hex[:10]}", f"dsv-{uuid.uuid4().hex[:8]}"
+    asked = len(world.judge.graded())
+    decided = await world.run(
+        job_id, dataset_uri=world.store.uri(f"{prefix}/"), dataset_version=version
+    )
+    assert decided.gate_reason.startswith(
+        "Checkpoint choice fell back to the deterministic ROUGE-L scores: the judge's "
+        "calibration is 'not enough labels'"
+    )
+    assert (
+        "Re-scored the top 3 checkpoints on the whole eval split with the deterministic ROUGE-L "
+        "scores too (24 items, the subset's 16 among them): step 20 1.000 (subset 1.000), "
+        "step 30 1.000 (subset 1.000), step 10 "
+    ) in decided.gate_reason
+    assert (decided.best_step, decided.best_score, decided.gate) == (20, 1.0, "passed")
+    message, _ = _eval_message(None, SimpleNamespace(best_step=None, gate=None), decided)  # type: ignore[arg-type]
+    assert "re-scored the top 3 checkpoints on the whole eval split with the deterministic" in (
+        message.lower()
+    )
+    view = (await world.http.get(f"/v1/evals/{job_id}")).json()
+    assert (view["decision"]["rescored_items"], sorted(view["decision"]["rescored"])) == (
+        24, ["10", "20", "30"])  # fmt: skip
+    # The rest's 3 x 8 answers were graded by ROUGE-L alone: the judge was asked only about
+    # the subset's answers at each point (16 x 4 at most, fewer from its cache).
+    assert len(world.judge.graded()) - asked <= 16 * 4
+    for row in records.rescores(world.db, job_id):
+        assert row.grader == "deterministic"
+        rest = world.store.get_bytes(row.outputs_uri).splitlines()
+        assert len(rest) == 8
+        assert all("judge" not in json.loads(line)["detail"] for line in rest)

@@ -18,7 +18,8 @@ from sqlalchemy.engine import Engine
 from services.evaluator import api, decision, judge_api, judge_records, records, scoring
 from services.evaluator.engine_client import Output
 from services.evaluator.graders import Answer
-from services.evaluator.judge import JudgeClient, Unreadable
+from services.evaluator.judge import JudgeClient
+from services.evaluator.judge_replies import Unreadable
 from services.evaluator.judging import Judging
 from services.evaluator.models import BASE_STEP, EvalJobRow
 from services.evaluator.rubric import Rubric, read_rubric
@@ -92,7 +93,7 @@ ITEMS = [item_of(n, ticket(n)) for n in range(4)]
 async def test_a_judge_error_is_recorded_on_its_item_and_left_out_of_the_mean(
     db: Engine, judging: tuple[Judging, FakeJudge]
 ) -> None:
-    judge, _ = judging
+    judge, fake = judging
     job = make_job(db, "ftjob-errors", ITEMS)
     await judge.ensure_rubric(TENANT, VERSION, ITEMS)
     results = answers(ITEMS, [reference(0), "MALFORMED", "MALFORMED_ONCE [score=5]", None])
@@ -116,6 +117,12 @@ async def test_a_judge_error_is_recorded_on_its_item_and_left_out_of_the_mean(
     (point,) = (await judge.points(job.job_id, [10])).values()
     assert (point.verdicts, point.judge_errors) == (2, 1)
     assert point.judge_score == pytest.approx(mean)
+    assert records.judge_errors(db, job.job_id) == {10: 1}  # what the job's read API shows
+    # The judge_error was not kept as the answer's verdict: the same answer is asked again.
+    asked = len(fake.graded())
+    again, _ = await judge.grade(job, results[1:2], results[1].score)
+    assert "judge_error" in again[0].detail
+    assert len(fake.graded()) == asked + 2  # asked, and once more quoting why
 
 
 async def test_a_point_without_any_verdict_makes_the_choice_fall_back(
@@ -137,11 +144,14 @@ async def test_a_point_without_any_verdict_makes_the_choice_fall_back(
     )
     records.update_job(db, job.job_id, last_step=10, last_checkpoint_uri="s3://bucket/ckpt-10/")
     job = records.get_job(db, job.job_id)  # type: ignore[assignment]
+    choice = await judge.choose(job, {10: mean})
+    assert choice is not None
+    assert not choice.by_judge
     made = decision.decide(
-        kind="free_text", eval_every=10, scores={10: mean}, uris={10: "s3://bucket/ckpt-10/"},
-        base_score=base_mean, last_step=10, last_uri="s3://bucket/ckpt-10/",
+        kind="free_text", eval_every=10, scores=choice.scores, uris={10: "s3://bucket/ckpt-10/"},
+        base_score=choice.base_score, last_step=10, last_uri="s3://bucket/ckpt-10/",
     )  # fmt: skip
-    settled = await judge.settle(job, made)
+    settled = judge.settle(made, choice)
     assert settled.gate_reason.startswith(
         "Checkpoint choice fell back to the deterministic ROUGE-L scores: the judge gave no "
         "verdict at step(s) 10."
