@@ -2,7 +2,7 @@
 
 from fastapi import FastAPI
 
-from services.ingest import api, handlers
+from services.ingest import api, handlers, ui
 from services.ingest.datasets import DatasetWorker
 from services.ingest.fastpath import ProxyEndpoints, ProxyRoutes, is_proxy_call
 from services.ingest.state import Ingest
@@ -37,6 +37,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="HTTP edge: the OpenAI/Anthropic/Gemini-compatible gateway, JSONL upload, OTLP trace receiver, sample store and dataset builder.",
         untraced=is_proxy_call,
     )
+    ui.install(app)  # the dashboard at /ui: services/ingest/ui, docs/dashboard.md
     # The proxied calls and /v1/traces (the table in proxy_routes.py, which api.py documents)
     # are answered ahead of FastAPI: by the HTTP protocol itself when served by
     # `python -m services.ingest`, else by the middleware.
