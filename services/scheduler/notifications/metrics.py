@@ -1,14 +1,16 @@
 """What the notifier exports on the scheduler's /metrics, for deploy/prometheus/alerts.yml:
 
-    tuneloop_alerts_total{event, tenant}                  alertable facts seen (matching.py's
-                                                          names: job.failed, eval.gate_failed,
-                                                          deployment.rolled_back, ...)
+    tuneloop_alerts_total{event}                          alertable facts seen on the bus
+                                                          (matching.py's names: job.failed,
+                                                          eval.gate_failed, ...)
     tuneloop_job_last_progress_timestamp_seconds{tenant, job_id}
                                                           each running job's last report (Unix s)
     tuneloop_training_budget_spent_ratio{tenant}          this month's spend / the cap that applies
     tuneloop_notification_deliveries_total{outcome}       attempts: delivered, retry, failed
 
-The gauges are what the last check saw (checks.py, every TUNELOOP_SCHEDULER_NOTIFY_CHECK_INTERVAL_S);
+The counters' series exist from start (at 0), so Prometheus' increase() sees the first fact
+too: a series born at 1 would hide it. For that the facts are counted without their tenant
+(the notifier logs each with it). The gauges are what the last check saw (checks.py, every TUNELOOP_SCHEDULER_NOTIFY_CHECK_INTERVAL_S);
 a job that stopped running, or a tenant without a cap, has no series.
 """
 
@@ -29,8 +31,26 @@ DELIVERIES = _meter.create_counter(
     description="Notification delivery attempts, by outcome (delivered, retry, failed).",
 )
 
+# What the counters are counted by: every series made at start (see prime).
+ALERT_EVENTS = (
+    "job.failed",
+    "eval.gate_failed",
+    "deployment.rolled_back",
+    "deployment.unhealthy",
+    "budget.nearly_spent",
+)
+OUTCOMES = ("delivered", "retry", "failed")
+
 _progress: dict[tuple[str, str], float] = {}
 _budget: dict[str, float] = {}
+
+
+def prime() -> None:
+    """Every counter series at 0, once the process's meter provider is set (ServiceRuntime)."""
+    for event in ALERT_EVENTS:
+        ALERTS.add(0, {"event": event})
+    for outcome in OUTCOMES:
+        DELIVERIES.add(0, {"outcome": outcome})
 
 
 def set_progress(seen: dict[tuple[str, str], float]) -> None:

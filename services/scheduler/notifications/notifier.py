@@ -59,7 +59,8 @@ class Notifier:
         """A bus event: its deliveries are in the outbox when this returns (then acked)."""
         alert = await asyncio.to_thread(self._take, event)
         if alert is not None:
-            metrics.ALERTS.add(1, {"event": alert.event, "tenant": alert.tenant})
+            metrics.ALERTS.add(1, {"event": alert.event})
+            log.info("alert %s for tenant %s: %s", alert.event, alert.tenant, alert.title)
             self._wake.set()
 
     def _take(self, event: Event) -> Alert | None:
@@ -136,6 +137,7 @@ class Notifier:
     # --- running ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        metrics.prime()
         self._tasks = [
             asyncio.create_task(self._delivering(), name="notifications-delivery"),
             asyncio.create_task(self._checking(), name="notifications-checks"),
