@@ -8,6 +8,7 @@ an implementation independent of services/scheduler/notifications/signing.py.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -46,6 +47,8 @@ class Receiver:
     # path -> statuses still to answer, in order (then 200); a status may carry headers.
     script: dict[str, list[tuple[int, dict[str, str]]]] = field(default_factory=dict)
     received: list[Received] = field(default_factory=list)
+    # path -> seconds to wait before answering (a receiver too slow to answer)
+    delays: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def answer(self, path: str, *statuses: int | tuple[int, dict[str, str]]) -> str:
@@ -68,6 +71,7 @@ class Receiver:
     async def _handle(self, request: Request) -> Response:
         body = await request.body()
         path = request.url.path
+        await asyncio.sleep(self.delays.get(path, 0.0))
         with self._lock:
             queue = self.script.get(path, [])
             status, headers = queue.pop(0) if queue else (200, {})

@@ -83,14 +83,21 @@ def where(url: str) -> str:
     return f"{parts.scheme}://{parts.hostname}"
 
 
-async def post(client: httpx.AsyncClient, url: str, body: bytes, headers: dict[str, str]) -> Answer:
+async def post(
+    client: httpx.AsyncClient, url: str, body: bytes, headers: dict[str, str], timeout_s: float
+) -> Answer:
+    """One signed POST, `timeout_s` in all (a receiver dripping its answer holds no slot
+    longer); the answer's body is never read, only its status and Retry-After."""
     started = time.perf_counter()
     try:
-        response = await client.post(url, content=body, headers=headers)
-    except httpx.HTTPError as exc:
+        async with asyncio.timeout(timeout_s):
+            request = client.build_request("POST", url, content=body, headers=headers)
+            response = await client.send(request, stream=True)
+            await response.aclose()
+    except (httpx.HTTPError, TimeoutError) as exc:
         took = (time.perf_counter() - started) * 1000
         reason = f"{type(exc).__name__}: {exc}".replace(url, where(url))
-        return Answer(None, reason[:500], None, took)
+        return Answer(None, reason.rstrip(": ")[:500], None, took)
     took = (time.perf_counter() - started) * 1000
     error = None if response.is_success else f"HTTP {response.status_code}"
     wait = retry_after(response.headers.get("retry-after"), utcnow())
@@ -140,7 +147,9 @@ class Dispatcher:
         async with self._slots:
             started = self.clock()
             headers = signing.headers(key, delivery.id, delivery.body)
-            answer = await post(self.client, delivery.url, delivery.body, headers)
+            answer = await post(
+                self.client, delivery.url, delivery.body, headers, self.settings.timeout_s
+            )
         attempt = delivery.attempts + 1
         result = outcome(answer, attempt=attempt, max_attempts=self.settings.max_attempts)
         wait = backoff_s(

@@ -6,6 +6,7 @@ test_notifications_api.py."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
@@ -23,6 +24,7 @@ from services.scheduler.notifications.schemas import Delivery, Rule, RuleCreate
 from shared.db import session_scope, utcnow
 from shared.events import Event, JobFailed, TrainingBudgetThresholdReached
 from tests.fakes.webhook_receiver import Receiver, running_receiver, verify
+from tests.plugins.infra import free_port
 
 SECRET = "scheduler-secret-for-tests"
 # The receiver serves the whole module: each test's paths are its own (a run per backend).
@@ -154,6 +156,29 @@ async def test_retry_after_is_honoured_a_refusal_is_final_and_retries_end(
     assert [a.status_code for a in given_up.attempts] == [503] * FAST.max_attempts
     assert [a.outcome for a in given_up.attempts] == ["retry"] * 3 + ["failed"]
     assert len(receiver.at(_path("down"))) == FAST.max_attempts
+
+
+async def test_no_answer_in_time_or_at_all_is_retried(
+    db_engine: Engine, receiver: Receiver
+) -> None:
+    notifier = _notifier(db_engine, timeout_s=0.3)
+    slow_path = _path("slow")
+    receiver.delays[slow_path] = 2.0
+    slow = _rule(db_engine, receiver.answer(slow_path), events=["job.failed"])
+    closed = _rule(db_engine, f"http://127.0.0.1:{free_port()}/hook", events=["job.failed"])
+    await notifier.on_event(_failed())
+    started = time.monotonic()
+    try:
+        assert await notifier.dispatcher.send_due() == 2
+    finally:
+        await notifier.dispatcher.aclose()
+    assert time.monotonic() - started < 1.5  # the timeout, not the receiver, ended it
+    for rule, error in ((slow, "TimeoutError"), (closed, "ConnectError")):
+        (delivery,) = _deliveries(db_engine, rule)
+        (attempt,) = delivery.attempts
+        assert (delivery.status, attempt.status_code, attempt.outcome) == ("pending", None, "retry")
+        assert attempt.error is not None
+        assert attempt.error.startswith(error)
 
 
 async def test_a_restart_mid_retry_still_delivers(db_engine: Engine, receiver: Receiver) -> None:
