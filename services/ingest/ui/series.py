@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 _STARTED = re.compile(r"Attempt (\d+) started on the (\S+) provider")
-_ENDED = re.compile(r"Attempt (\d+) ended(?::| and) (.*)")
+_ENDED = re.compile(r"Attempt (\d+) ended(?::| and) ([^;]*)")
 _PAUSED = re.compile(r"Paused: attempt (\d+) stopped")
 
 
@@ -60,6 +60,13 @@ def progress(
         "loss": metric_points(events, "train_loss"),
         "score": metric_points(events, "task_score"),
         "best_step": job.get("best_step"),
+        "fine_tuned_model": job.get("fine_tuned_model"),
+        "gate": job.get("gate"),
+        "messages": [
+            {k: e.get(k) for k in ("created_at", "level", "message")}
+            for e in events
+            if e.get("type") != "metrics"
+        ],
         "attempts": attempt_facts(events),
     }
 

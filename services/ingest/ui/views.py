@@ -109,7 +109,25 @@ def answer_text(output: dict[str, Any]) -> str:
     return text + (f" [tool calls: {compact(calls)}]" if calls else "")
 
 
+def stat_rows(stats: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """A dataset's stats as rows of (what, train, eval): each nested figure on one line, a
+    group of plain numbers (percentiles, counts by kind) as `name value` pairs."""
+    flat = {split: _flatten(stats.get(split) or {}) for split in ("train", "eval")}
+    paths = list(dict.fromkeys([*flat["train"], *flat["eval"]]))
+    return [(path, flat["train"].get(path, NONE), flat["eval"].get(path, NONE)) for path in paths]
+
+
+def _flatten(value: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    if all(not isinstance(v, dict) for v in value.values()) and prefix:
+        return {prefix: " · ".join(f"{k or '(none)'} {v}" for k, v in value.items()) or NONE}
+    rows: dict[str, str] = {}
+    for key, item in value.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        rows.update(_flatten(item, path) if isinstance(item, dict) else {path: str(item)})
+    return rows
+
+
 templates.env.filters.update(
     when=when, score=score, compact=compact, content_text=content_text, answer_text=answer_text
 )
-templates.env.globals.update(conversation=conversation, assessment=assessment)
+templates.env.globals.update(conversation=conversation, assessment=assessment, stat_rows=stat_rows)

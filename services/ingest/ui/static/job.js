@@ -160,8 +160,28 @@
     return true;
   }
 
-  function show(p) {
+  function addMessages(messages) {
+    const body = document.querySelector("#events tbody");
+    if (!body || !messages.length) return;
+    const rows = messages.map((m) => {
+      const row = document.createElement("tr");
+      row.className = "level-" + m.level;
+      for (const value of [when(m.created_at), m.level, m.message]) {
+        const cell = document.createElement("td");
+        cell.textContent = String(value);
+        row.appendChild(cell);
+      }
+      return row;
+    });
+    body.prepend(...rows);
+  }
+
+  function show(p, first) {
     text("job-status", p.status);
+    text("fine-tuned-model", p.fine_tuned_model || "–");
+    text("gate", p.gate || "–");
+    text("finished", when(p.finished_at));
+    if (!first) addMessages(p.messages);  // the page came with the ones before
     document.getElementById("job-status").className = "status status-" + p.status;
     text("best-step", p.best_step == null ? "–" : String(p.best_step));
     if (charts.progress) charts.progress.setData(progressData());
@@ -182,8 +202,9 @@
       if (answer.status === 401) { window.location.assign("/ui/sign-in"); return; }
       const body = await answer.json();
       if (!answer.ok) throw new Error(body.detail || answer.statusText);
+      const first = state.newest === null;
       if (!merge(body)) { next = 0; } else {
-        show(body);
+        show(body, first);
         if (body.terminal) return;
       }
     } catch (error) {

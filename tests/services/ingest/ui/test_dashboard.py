@@ -25,6 +25,12 @@ CHROMIUM = "/usr/bin/chromium"
 COOKIE = "tuneloop_session"
 # The series' colours in static/job.js.
 LOSS, SCORE, BEST = (31, 119, 180), (214, 39, 40), (44, 160, 44)
+QUESTIONS = [{"question": f"Ticket {n}", "answer": "billing"} for n in range(4)]
+ITEM_SCHEMA = {
+    "type": "object",
+    "properties": {"question": {"type": "string"}, "answer": {"type": "string"}},
+    "required": ["question", "answer"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +118,10 @@ def test_the_job_page_draws_the_jobs_loss_and_task_score_as_it_runs(
     job = stack.job()
     assert job.status == "succeeded", job.error
     assert page.inner_text("#job-status") == "succeeded"
+    # The facts the page was served without, filled in as the job went on.
+    assert page.inner_text("#fine-tuned-model") == job.fine_tuned_model
+    assert page.inner_text("#gate") == job.gate == "passed"
+    assert "the job succeeded" in page.inner_text("#events tbody tr:first-child")
     chart = page.evaluate("window.tuneloop.charts.progress.data")
     _shot(page, tmp_path, "job-ended")
     steps, loss, score, best = chart
@@ -294,6 +304,74 @@ def test_deploy_deploys_the_jobs_version_on_the_hoster(
     assert "ready" in row
     assert model in row
     _shot(page, tmp_path, "deployed")
+
+
+def _jsonl_run(stack: Stack, eval_id: str, name: str, answers: list[str]) -> str:
+    """A run of given answers (no model called), once completed."""
+    rows = [
+        {"item": item, "sample": {"output_text": answer}}
+        for item, answer in zip(QUESTIONS, answers, strict=True)
+    ]
+    run = stack.client.evals.runs.create(
+        eval_id,
+        name=name,
+        data_source={"type": "jsonl", "source": {"type": "file_content", "content": rows}},
+    )
+    until(
+        f"run {name} completed",
+        lambda: (
+            True
+            if stack.client.evals.runs.retrieve(run.id, eval_id=eval_id).status == "completed"
+            else None
+        ),
+        60,
+    )
+    return run.id
+
+
+def test_the_comparison_page_shows_two_runs_side_by_side(
+    browser: Browser, stack: Stack, visited: list[str], tmp_path: Path
+) -> None:
+    created = stack.client.evals.create(
+        name="labels",
+        data_source_config={
+            "type": "custom",
+            "item_schema": ITEM_SCHEMA,
+            "include_sample_schema": True,
+        },
+        testing_criteria=[
+            {
+                "type": "string_check",
+                "name": "exact",
+                "input": "{{sample.output_text}}",
+                "reference": "{{item.answer}}",
+                "operation": "eq",
+            },
+        ],
+    )
+    base = _jsonl_run(stack, created.id, "before", ["billing", "billing", "billing", "oops"])
+    candidate = _jsonl_run(stack, created.id, "after", ["nope", "billing", "billing", "billing"])
+    page = _signed_in(browser, stack, stack.key, visited)
+    page.click("nav >> text=Compare runs")
+    page.select_option("select[name=eval_id]", created.id)
+    page.click("form.picker button")
+    page.select_option("select[name=base]", base)
+    page.select_option("select[name=candidate]", candidate)
+    page.click("form.picker button")
+    page.wait_for_selector("#compared")
+    found = stack.client.get(
+        f"/evals/{created.id}/compare",
+        cast_to=dict[str, Any],
+        options={"params": {"base": base, "candidate": candidate}},
+    )
+    assert found["counts"] == {"regressed": 1, "errored": 0, "unchanged": 2, "improved": 1}
+    rows = page.locator("#compared tbody tr")
+    assert [rows.nth(n).locator("td").nth(1).inner_text() for n in range(rows.count())] == [
+        item["change"] for item in found["data"]
+    ]
+    assert "1 regressed, 0 errored, 2 unchanged, 1 improved" in page.inner_text("main")
+    assert "nope" in rows.first.inner_text()  # the regression first, with the candidate's answer
+    _shot(page, tmp_path, "compare")
 
 
 def test_another_tenant_sees_none_of_it(browser: Browser, stack: Stack, visited: list[str]) -> None:
