@@ -78,9 +78,13 @@ class AppSettings(BaseSettings):
     # Unset means production: a deployment that forgets it gets the strict checks, not the
     # development defaults.
     env: Environment = "production"
+    # The local state: the SQLite database (unless a database URL is set), base models, jobs'
+    # and engines' working directories, the local stack's logs and pidfiles.
     data_dir: Path = Path(".tuneloop")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # One JSON object a line (for a log collector); false: plain lines for a terminal.
     log_json: bool = True
+    # Where each service listens; 0.0.0.0 (or ::) takes calls from other machines.
     bind_host: str = "127.0.0.1"
     # The largest request body a route that does not stream its own takes (413 past it; checked
     # before the body is read, after the key): dataset specs, job creations and admin calls are
@@ -96,11 +100,13 @@ class AppSettings(BaseSettings):
 class NatsSettings(BaseSettings):
     model_config = _config("TUNELOOP_NATS_")
 
+    # The local stack's nats-server: its client address and its HTTP monitoring port.
     host: str = "127.0.0.1"
     port: int = Field(default=4322, ge=1, le=65535)
     monitor_port: int = Field(default=8322, ge=1, le=65535)
     # Clients connect here; defaults to the local server started from host/port.
     url: str = ""
+    # How long a process waits at start-up for NATS (and its database) before it fails.
     connect_timeout_s: float = Field(default=30.0, gt=0)
     # A message whose handling failed for now comes back after 1 s doubling per delivery, at
     # most this long (and without limit on deliveries): the lag after an outage ends.
@@ -125,17 +131,22 @@ class NatsSettings(BaseSettings):
 class S3Settings(BaseSettings):
     model_config = _config("TUNELOOP_S3_")
 
+    # The local stack's SeaweedFS S3 gateway.
     host: str = "127.0.0.1"
     port: int = Field(default=8433, ge=1, le=65535)
     # host:port of the S3 API; defaults to the local SeaweedFS gateway from host/port.
     endpoint: str = ""
+    # The S3 credentials; production refuses the local stack's.
     access_key: str = DEV_S3_ACCESS_KEY
     secret_key: SecretStr = SecretStr(DEV_S3_SECRET_KEY)
+    # One bucket holds everything, each tenant's objects under tenants/<tenant>/.
     bucket: str = Field(default="tuneloop", min_length=3, max_length=63)
     region: str = "us-east-1"
+    # TLS to the endpoint (https).
     secure: bool = False
     # Above this size uploads go multipart (S3's minimum part is 5 MiB).
     multipart_threshold_bytes: int = Field(default=64 * 1024**2, ge=5 * 1024**2)
+    # The size of each part of a multipart upload.
     part_size_bytes: int = Field(default=16 * 1024**2, ge=5 * 1024**2)
     # Local SeaweedFS only: the servers `weed server` runs beside the S3 gateway, each with a
     # gRPC port of its own.
@@ -165,12 +176,14 @@ class DatabaseSettings(BaseSettings):
     url: str = Field(
         default="", validation_alias=AliasChoices("TUNELOOP_DATABASE_URL", "DATABASE_URL")
     )
+    # Log every SQL statement (SQLAlchemy's echo), for debugging.
     echo: bool = False
 
 
 class ServicePorts(BaseSettings):
     model_config = _config("TUNELOOP_")
 
+    # Each service's HTTP port; ingest's is the gateway that SDKs and the CLI call.
     ingest_port: int = Field(default=8400, ge=1, le=65535)
     scheduler_port: int = Field(default=8401, ge=1, le=65535)
     evaluator_port: int = Field(default=8402, ge=1, le=65535)

@@ -29,6 +29,8 @@ class IngestSettings(BaseSettings):
         env_prefix="TUNELOOP_INGEST_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
     )
 
+    # Where the gateway sends each model (routing.py): the upstream providers, their model
+    # patterns and the variables holding their keys.
     upstreams_file: Path = _DEFAULT_UPSTREAMS
     # The services the gateway relays the control plane to (forwarding.py: /v1/fine_tuning to the
     # scheduler, /v1/evals and /v1/shadow_scores to the evaluator, /v1/models, /v1/deployments
@@ -43,6 +45,7 @@ class IngestSettings(BaseSettings):
     # How long a call to a cold deployment waits for the hoster to load it again (wake.py): its
     # engine's start and model load, as the hoster waits for them (180 + 600 s by default).
     wake_timeout_s: float = Field(default=900.0, gt=0)
+    # Upstream calls holding a connection at once, over every provider; more wait for one.
     upstream_max_connections: int = Field(default=512, ge=1)
     # A pooled upstream connection idle this long is not reused. Below the 5 s after which
     # uvicorn (vLLM's server, so our own deployments) and Node close an idle connection: one
@@ -62,7 +65,7 @@ class IngestSettings(BaseSettings):
     persister: Literal["inline", "process"] = "inline"
     # OTLP exports of otlp_process_min_bytes or more are decoded and mapped in a pool of this
     # many processes (otlp_workers.py), so they use every core and never hold the
-    # gateway's event loop.
+    # gateway's event loop. Default: the CPUs this process may use, at most 4.
     otlp_processes: int = Field(default_factory=lambda: min(_usable_cpus(), 4), ge=1, le=64)
     otlp_process_min_bytes: int = Field(default=64 * 1024, ge=0)
     # The OTLP pool's CPU class (shared.processes). batch: a full share of the cores, but a pool
@@ -86,6 +89,7 @@ class IngestSettings(BaseSettings):
     # Dataset builds (datasets.py). JetStream redelivers a build's event when its worker has not
     # said "still working" for this long (it says so every quarter of it), e.g. after a kill.
     dataset_ack_wait_s: float = Field(default=60.0, ge=2.0)
+    # Deliveries of a build's event; a passing failure on the last fails the build.
     dataset_max_deliver: int = Field(default=10, ge=1)
     # A build interrupted by a passing failure (storage away) is retried after this long.
     dataset_retry_delay_s: float = Field(default=10.0, ge=0)
