@@ -37,6 +37,7 @@ class EvaluatorSettings(BaseSettings):
     # A run's items (inline, a file or a dataset's eval split) and the file it reads at most.
     evals_max_items: int = Field(default=10_000, ge=1)
     evals_max_file_bytes: int = Field(default=64 * 1024**2, ge=1)
+    # One generation of a run's item, through the gateway.
     evals_request_timeout_s: float = Field(default=120.0, gt=0)
     # The overfit stop (overfit.py): the subset's mean task score falling `overfit_evals` evals
     # in a row, each by at least `overfit_margin`, while the train loss falls. 0.02 is over one
@@ -80,6 +81,7 @@ class JudgeSettings(BaseSettings):
         extra="ignore",
     )
 
+    # The judge's OpenAI-compatible endpoint (its base URL, as an SDK takes it), key and model.
     base_url: str | None = None
     api_key: SecretStr = SecretStr("")
     model: str | None = None
@@ -89,6 +91,7 @@ class JudgeSettings(BaseSettings):
     purpose: str = "judge"
     # Judge calls in flight across every job of this evaluator.
     concurrency: int = Field(default=4, ge=1, le=64)
+    # One judge call.
     timeout_s: float = Field(default=120.0, gt=0)
     # Tries again after a failure that passes (a dropped connection, a timeout, 408/409/429, a
     # 5xx), each wait doubling from backoff_s (or the endpoint's Retry-After) up to
@@ -97,6 +100,7 @@ class JudgeSettings(BaseSettings):
     max_retries: int = Field(default=3, ge=0, le=10)
     backoff_s: float = Field(default=1.0, ge=0, le=60)
     max_backoff_s: float = Field(default=30.0, ge=0, le=600)
+    # The most tokens a judge's answer may take.
     max_tokens: int = Field(default=400, ge=16, le=4096)
     # Items of the job's subset the rubric is written from.
     rubric_items: int = Field(default=6, ge=1, le=32)

@@ -96,6 +96,7 @@ class NotificationSettings(BaseSettings):
         extra="ignore",
     )
 
+    # Deliveries of one alert before it is given up, the first retry's wait, and the longest.
     max_attempts: int = Field(default=12, ge=1, le=50)
     backoff_s: float = Field(default=10.0, gt=0)
     max_backoff_s: float = Field(default=3600.0, gt=0)
