@@ -192,6 +192,10 @@ class EvalsRunRow(SQLModel, table=True):
     usage: bytes = Field(sa_type=sa.LargeBinary)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # The id (never the key) of the API key that started the run, and of the key this evaluator
+    # minted to go on with it after a restart while it holds one (evals/resume.py).
+    caller_key_id: str | None = Field(default=None, max_length=32)
+    resume_key_id: str | None = Field(default=None, max_length=32)
 
 
 class EvalsOutputItemRow(SQLModel, table=True):

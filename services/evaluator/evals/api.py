@@ -79,7 +79,9 @@ async def create_run(
     eval_id: str, body: protocol.RunCreate, request: Request, principal: Principal, evals: EvalsDep
 ) -> protocol.Run:
     key = auth.presented_key(request)
-    return await evals.create_run(principal.tenant_id, eval_id, body, key=key)
+    return await evals.create_run(
+        principal.tenant_id, eval_id, body, key=key, key_id=principal.key_id
+    )
 
 
 @router.get("/evals/{eval_id}/runs", response_model=protocol.RunList, summary="An eval's runs")

@@ -4,9 +4,10 @@ then stored with the run's counts in one transaction, so a poll sees progress an
 takes effect at the next chunk (the task is also cancelled at once).
 
 The caller's key lives in this process's memory for as long as its run does and is never
-stored. After a restart a run is picked up again: a `jsonl` run needs no key and finishes; a
-`completions` run grades the answers it already has and then fails as `interrupted`, naming
-how many items are left (create the run again for them).
+stored. After a restart a run is picked up again where it was: a `jsonl` run with deterministic
+graders needs no key; a run that calls a model (a `completions` run's answers, a judge's grades)
+goes on with an internal key of its tenant minted for it (resume.py), while the key that
+started it is still valid; the items already graded stay as they were.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pydantic import TypeAdapter
 from sqlalchemy.engine import Engine
 
 from services.evaluator import judge, templating
-from services.evaluator.evals import generation, graders, model_graders, protocol, store
+from services.evaluator.evals import generation, graders, model_graders, protocol, resume, store
 from services.evaluator.models import EvalsOutputItemRow, EvalsRunRow
 
 log = logging.getLogger("tuneloop.evaluator")
@@ -40,6 +41,11 @@ class Plan:
     @property
     def judged(self) -> bool:
         return any(isinstance(c, model_graders.ModelGrader) for c in self.criteria)
+
+    @property
+    def calls_models(self) -> bool:
+        """Whether the run needs a key: a model answers, or a judge grades."""
+        return self.completions is not None or self.judged
 
 
 def plan_of(engine: Engine, run: EvalsRunRow) -> Plan:
@@ -129,9 +135,25 @@ class RunExecutor:
         )
 
     async def start(self) -> None:
-        """Pick up the runs a previous process left queued or in progress."""
+        """Pick up the runs a previous process left queued or in progress: those that call a
+        model with a key minted for each (resume.py), once the keys a previous process minted
+        are revoked; a run whose caller's key was revoked fails `unauthorized`."""
+        await asyncio.to_thread(resume.sweep, self.engine)
         for run in await asyncio.to_thread(store.live_runs, self.engine):
-            self.submit(run.id, None)
+            try:
+                plan = await asyncio.to_thread(plan_of, self.engine, run)
+            except generation.RunFailed:
+                plan = None  # its eval is gone: the run's task says so
+            if plan is None or not plan.calls_models:
+                self.submit(run.id, None)
+                continue
+            try:
+                key = await asyncio.to_thread(resume.mint, self.engine, run)
+            except resume.CallerGone as exc:
+                why = f"the evaluator restarted during this run and {exc}: it does not go on"
+                await self._finish(run.id, "failed", ("unauthorized", why), only_from=store.LIVE)
+                continue
+            self.submit(run.id, key, minted=True)
 
     async def stop(self) -> None:
         """Stop the tasks; their runs stay live in the database for the next process."""
@@ -140,9 +162,12 @@ class RunExecutor:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def submit(self, run_id: str, key: str | None) -> None:
+    def submit(self, run_id: str, key: str | None, *, minted: bool = False) -> None:
+        """Work the run in a task of its own; `minted`: `key` is the run's own (resume.py),
+        revoked when the task ends."""
         if run_id not in self._tasks:
-            task = asyncio.create_task(self._execute(run_id, key), name=f"eval-run-{run_id}")
+            work = self._execute(run_id, key, minted=minted)
+            task = asyncio.create_task(work, name=f"eval-run-{run_id}")
             self._tasks[run_id] = task
             task.add_done_callback(lambda _: self._tasks.pop(run_id, None))
 
@@ -158,30 +183,41 @@ class RunExecutor:
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
 
-    async def _execute(self, run_id: str, key: str | None) -> None:
-        async with self._slots:
-            run = await asyncio.to_thread(store.set_status, self.engine, run_id, "in_progress")
-            if run is None:
-                return  # canceled or deleted while it waited
-            try:
-                await self._work(run, key)
-            except generation.RunFailed as exc:
-                await self._finish(run_id, "failed", (exc.code, str(exc)))
-            except Exception as exc:
-                log.exception("eval run %s failed", run_id)
-                await self._finish(
-                    run_id, "failed", ("internal_error", f"{type(exc).__name__}: {exc}")
-                )
+    async def _execute(self, run_id: str, key: str | None, *, minted: bool) -> None:
+        try:
+            async with self._slots:
+                await self._run(run_id, key)
+        finally:
+            if minted:  # the run's own key ends with its task, however it ends
+                await asyncio.shield(asyncio.to_thread(resume.revoke, self.engine, run_id))
 
-    async def _finish(self, run_id: str, status: str, error: tuple[str, str] | None) -> None:
+    async def _run(self, run_id: str, key: str | None) -> None:
+        run = await asyncio.to_thread(store.set_status, self.engine, run_id, "in_progress")
+        if run is None:
+            return  # canceled or deleted while it waited
+        try:
+            await self._work(run, key)
+        except generation.RunFailed as exc:
+            await self._finish(run_id, "failed", (exc.code, str(exc)))
+        except Exception as exc:
+            log.exception("eval run %s failed", run_id)
+            await self._finish(run_id, "failed", ("internal_error", f"{type(exc).__name__}: {exc}"))
+
+    async def _finish(
+        self,
+        run_id: str,
+        status: str,
+        error: tuple[str, str] | None,
+        only_from: tuple[str, ...] = ("in_progress",),
+    ) -> None:
         await asyncio.to_thread(
-            store.set_status, self.engine, run_id, status, only_from=("in_progress",), error=error
+            store.set_status, self.engine, run_id, status, only_from=only_from, error=error
         )
 
     async def _work(self, run: EvalsRunRow, key: str | None) -> None:
         plan = await asyncio.to_thread(plan_of, self.engine, run)
-        if key is None and plan.judged:
-            await self._interrupted(run)  # nothing can be graded without the judge
+        if key is None and plan.calls_models:  # resume.py mints one for every such run
+            raise generation.RunFailed("interrupted", "no API key to call the model with")
         async with contextlib.AsyncExitStack() as stack:
             client, judge_client = None, None
             if key is not None and plan.completions is not None:
@@ -192,7 +228,6 @@ class RunExecutor:
                 stack.push_async_callback(judge_client.aclose)
             while await self._chunk(run, plan, client, judge_client):
                 pass
-        await self._interrupted(run)
         await self._finish(run.id, "completed", None)
 
     async def _chunk(
@@ -204,11 +239,7 @@ class RunExecutor:
     ) -> bool:
         """Answer, grade and store the next chunk; False when none is left or the run was
         canceled meanwhile."""
-        # Without a key a completions run grades the answers it already has, and no more.
-        answered_only = plan.completions is not None and client is None
-        rows = await asyncio.to_thread(
-            store.pending_items, self.engine, run.id, self.chunk, answered_only=answered_only
-        )
+        rows = await asyncio.to_thread(store.pending_items, self.engine, run.id, self.chunk)
         if not rows:
             return False
         answers, usage = await self._answers(client, plan.completions, rows)
@@ -223,17 +254,6 @@ class RunExecutor:
             f"{self.gateway_url}/v1", key, self.engine,
             concurrency=self.concurrency, timeout_s=self.timeout_s,
         )  # fmt: skip
-
-    async def _interrupted(self, run: EvalsRunRow) -> None:
-        """Fail the run if items are left that only the caller's key could grade."""
-        left = await asyncio.to_thread(store.pending_count, self.engine, run.id)
-        if left:
-            raise generation.RunFailed(
-                "interrupted",
-                f"the evaluator restarted during this run; {left} of {run.items} items are left "
-                "that need a model called with the caller's key, which is never stored: create "
-                "the run again",
-            )
 
     async def _answers(
         self,

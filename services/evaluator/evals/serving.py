@@ -212,8 +212,17 @@ class Evals:
         return read, sources.SOURCE_ID, f"{given.id} item"
 
     async def create_run(
-        self, tenant: str, eval_id: str, body: protocol.RunCreate, *, key: str | None
+        self,
+        tenant: str,
+        eval_id: str,
+        body: protocol.RunCreate,
+        *,
+        key: str | None,
+        key_id: str | None = None,
     ) -> protocol.Run:
+        """Check and store the run and start it in the background. `key` (kept in memory while
+        a model is to be called with it) and `key_id`, its id, stored: after a restart the run
+        goes on only while that key is valid (resume.py)."""
         eval_row = await self._eval_row(tenant, eval_id)
         source = body.data_source
         checks.check_writable(source.model_dump(mode="json"), "data_source")
@@ -244,6 +253,7 @@ class Evals:
                 {c["name"]: [0, 0] for c in store.loads(eval_row.testing_criteria)}
             ),
             usage=store.dumps({}),
+            caller_key_id=key_id,
         )
         items = [
             EvalsOutputItemRow(

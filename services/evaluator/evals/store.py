@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col, delete, func, select, update
+from sqlmodel import Session, col, delete, select, update
 
 from services.evaluator.models import EvalsEvalRow, EvalsOutputItemRow, EvalsRunRow
 from shared.db import session_scope, utcnow
@@ -198,26 +198,14 @@ def live_runs(engine: Engine) -> list[EvalsRunRow]:
 # --- output items -----------------------------------------------------------------------------
 
 
-def pending_items(
-    engine: Engine, run_id: str, limit: int, *, answered_only: bool = False
-) -> list[EvalsOutputItemRow]:
-    """The next ungraded items, in order; `answered_only`: only those that have a sample."""
+def pending_items(engine: Engine, run_id: str, limit: int) -> list[EvalsOutputItemRow]:
+    """The next ungraded items, in order."""
     with session_scope(engine) as session:
         query = select(EvalsOutputItemRow).where(
             EvalsOutputItemRow.run_id == run_id, EvalsOutputItemRow.status == "pending"
         )
-        if answered_only:
-            query = query.where(col(EvalsOutputItemRow.sample).is_not(None))
         query = query.order_by(col(EvalsOutputItemRow.position)).limit(limit)
         return list(session.exec(query).all())
-
-
-def pending_count(engine: Engine, run_id: str) -> int:
-    with session_scope(engine) as session:
-        query = select(func.count()).where(
-            EvalsOutputItemRow.run_id == run_id, EvalsOutputItemRow.status == "pending"
-        )
-        return int(session.exec(query).one())
 
 
 @dataclass(frozen=True)

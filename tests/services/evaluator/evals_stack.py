@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import openai
+from sqlalchemy.engine import make_url
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -120,6 +121,7 @@ class Stack:
     key: str
     upstream: Upstream
     evaluator: RunningProcess  # a test may restart it (stop, start: same ports, same database)
+    database: Path  # the stack's SQLite file
 
 
 def tenant_key(url: str, tenant: str, scope: str = "write") -> str:
@@ -169,6 +171,7 @@ def running(tmp: Path, infra: Settings, extra_env: dict[str, str] | None = None)
             key,
             upstream,
             processes[-1],
+            Path(make_url(settings.database_url).database or ""),
         )
     finally:
         for process in reversed(processes):

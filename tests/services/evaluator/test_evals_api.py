@@ -2,8 +2,8 @@
 (evals_stack.py: ingest as the gateway, the evaluator, nats-server, SeaweedFS, SQLite; only the
 OpenAI upstream is a fake). Results are checked exactly; bad input is refused naming the field;
 another tenant sees nothing and a read key changes nothing; a cancel stops a run whose calls are
-in flight; a restart of the evaluator process finishes what it can without the caller's key and
-says why it stopped.
+in flight; after a restart of the evaluator process each run goes on with a key of its own (the
+caller's is never stored), and one whose caller's key was revoked meanwhile stops.
 
 The main flow (five items graded by four criteria, an uploaded file, the calls captured with
 their tag) is test_evals_sdk.py's; versions side by side test_evals_compare.py's.
@@ -404,13 +404,17 @@ def test_score_model_and_label_model_are_graded_by_the_judge(stack: Stack) -> No
 
 
 @pytest.mark.slow
-def test_a_restart_finishes_what_it_can_without_the_callers_key(stack: Stack) -> None:
+def test_a_restart_resumes_each_run_without_the_callers_key_ever_stored(stack: Stack) -> None:
     client, model, busy = stack.client, "gpt-4o-restarted", "gpt-4o-busy"
     eval_id, judged = create_eval(client), _judged_eval(client)
     late = {"question": "LATE: what is the capital of France?", "answer": "Paris"}
+    admin = _auth(tenant_key(stack.url, "acme", scope="admin"))
+    # Another key of the tenant, revoked while the evaluator is down: its run does not go on.
+    revoked = tenant_key(stack.url, "acme")
+    by_revoked = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=revoked, max_retries=0)
     # One chunk answered and graded (France, 2 + 2, the planet and tac, eight times), and one
     # item after it whose call the upstream holds; a second run fills the other slot
-    # (EVALS_RUNS_AT_ONCE, 2), so two jsonl runs wait, queued.
+    # (EVALS_RUNS_AT_ONCE, 2), so the other runs wait, queued.
     answered = [QUESTIONS[i % 4] for i in range(CHUNK)]
     stack.upstream.held |= {"LATE", busy}
     try:
@@ -419,9 +423,10 @@ def test_a_restart_finishes_what_it_can_without_the_callers_key(stack: Stack) ->
         given = _jsonl(
             client, eval_id, [{"item": QUESTIONS[0], "sample": {"output_text": "Paris"}}]
         )
-        asks_the_judge = _jsonl(
-            client, judged, [{"item": QUESTIONS[0], "sample": {"output_text": "Paris"}}]
-        )
+        # An answer no other test gives: the judge's verdict on it is in no cache.
+        fresh = {"item": QUESTIONS[0], "sample": {"output_text": "Paris, after a restart"}}
+        asks_the_judge = _jsonl(client, judged, [fresh])
+        orphaned = completions_run(by_revoked, eval_id, busy, QUESTIONS[:1])
 
         def mid_run() -> bool:
             graded = _items(client, eval_id, interrupted.id)
@@ -431,31 +436,56 @@ def test_a_restart_finishes_what_it_can_without_the_callers_key(stack: Stack) ->
             return len(graded) == CHUNK and late_sent and len(stack.upstream.sent_to(busy)) == 2
 
         assert localstack.wait_until(mid_run, 60, interval_s=0.2)
-        for queued, on in ((given, eval_id), (asks_the_judge, judged)):
+        for queued, on in ((given, eval_id), (asks_the_judge, judged), (orphaned, eval_id)):
             assert client.evals.runs.retrieve(queued.id, eval_id=on).status == "queued"
-        calls = len(stack.upstream.requests)
         stack.evaluator.stop()
+        keys = httpx.get(f"{stack.url}/v1/keys", headers=admin).json()["data"]
+        [revoked_id] = [k["id"] for k in keys if revoked.startswith(f"tl_{k['prefix']}_")]
+        assert httpx.delete(f"{stack.url}/v1/keys/{revoked_id}", headers=admin).status_code == 200
+        judge_calls, late_calls = (
+            len(stack.upstream.sent_to(JUDGE)),
+            len(stack.upstream.sent_to(model)),
+        )
         stack.evaluator.start(timeout_s=90)
-
-        first = until_done(client, eval_id, interrupted.id)
-        assert (first.status, first.error.code) == ("failed", "interrupted")
-        assert "1 of 33 items are left" in first.error.message
-        assert "caller's key" in first.error.message
-        # What was graded before the restart stays: France passed, the rest failed.
-        assert first.result_counts.model_dump() == {
-            "total": CHUNK, "passed": CHUNK // 4, "failed": CHUNK * 3 // 4, "errored": 0}  # fmt: skip
-        second = until_done(client, eval_id, waiting.id)
-        assert (second.status, second.error.code) == ("failed", "interrupted")
-        assert "2 of 2 items are left" in second.error.message
-        # A jsonl run with deterministic graders needs no key: it finishes.
-        finished = until_done(client, eval_id, given.id)
-        assert finished.status == "completed"
-        assert finished.result_counts.model_dump() == {
-            "total": 1, "passed": 1, "failed": 0, "errored": 0}  # fmt: skip
-        # A judge is a model called with the key: nothing of that run can be graded.
-        judged_run = until_done(client, judged, asks_the_judge.id)
-        assert (judged_run.status, judged_run.error.code) == ("failed", "interrupted")
-        assert "1 of 1 items are left" in judged_run.error.message
-        assert len(stack.upstream.requests) == calls  # no model was called after the restart
     finally:
         stack.upstream.held -= {"LATE", busy}
+
+    # The interrupted run goes on with the item left: its call made again, graded, counted.
+    first = until_done(client, eval_id, interrupted.id)
+    assert (first.status, first.error) == ("completed", None)
+    assert first.result_counts.model_dump() == {
+        "total": CHUNK + 1, "passed": CHUNK // 4 + 1, "failed": CHUNK * 3 // 4, "errored": 0}  # fmt: skip
+    assert len(stack.upstream.sent_to(model)) == late_calls + 1
+    assert _items(client, eval_id, interrupted.id)[-1].sample.output[0].content == "Paris"
+    assert first.per_model_usage[0].invocation_count == CHUNK + 1
+    second = until_done(client, eval_id, waiting.id)
+    assert second.result_counts.model_dump() == {
+        "total": 2, "passed": 1, "failed": 1, "errored": 0}  # fmt: skip
+    assert until_done(client, eval_id, given.id).status == "completed"
+    # The judge is a model called with the run's key too: asked after the restart, it grades.
+    judged_run = until_done(client, judged, asks_the_judge.id)
+    assert judged_run.result_counts.model_dump() == {
+        "total": 1, "passed": 1, "failed": 0, "errored": 0}  # fmt: skip
+    assert len(stack.upstream.sent_to(JUDGE)) == judge_calls + 2  # label and score
+    stopped = until_done(client, eval_id, orphaned.id)
+    assert (stopped.status, stopped.error.code) == ("failed", "unauthorized")
+    assert f"the API key that started this run ({revoked.split('_')[1]}) was revoked" in (
+        stopped.error.message
+    )
+
+    # Each resumed run had a key of its own, internal, revoked once its run ended.
+    def minted() -> list[dict[str, Any]]:
+        listed = httpx.get(f"{stack.url}/v1/keys", headers=admin).json()["data"]
+        return [k for k in listed if k["name"].startswith("evaluator: resumes eval run")]
+
+    assert localstack.wait_until(lambda: all(k["revoked_at"] for k in minted()), 10)
+    assert sorted(k["name"].rsplit(" ", 1)[1] for k in minted()) == sorted(
+        [interrupted.id, waiting.id, asks_the_judge.id])  # fmt: skip
+    assert {k["scope"] for k in minted()} == {"internal"}
+    # Neither caller's key is anywhere in the database (its file and its write-ahead log).
+    stored = b"".join(
+        path.read_bytes() for path in stack.database.parent.glob(f"{stack.database.name}*")
+    )
+    assert b"evaluator_eval_runs" in stored  # the right file
+    assert stack.key.encode() not in stored
+    assert revoked.encode() not in stored
