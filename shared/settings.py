@@ -81,6 +81,7 @@ class AppSettings(BaseSettings):
     # The local state: the SQLite database (unless a database URL is set), base models, jobs'
     # and engines' working directories, the local stack's logs and pidfiles.
     data_dir: Path = Path(".tuneloop")
+    # The lowest level a process logs.
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     # One JSON object a line (for a log collector); false: plain lines for a terminal.
     log_json: bool = True
@@ -141,6 +142,7 @@ class S3Settings(BaseSettings):
     secret_key: SecretStr = SecretStr(DEV_S3_SECRET_KEY)
     # One bucket holds everything, each tenant's objects under tenants/<tenant>/.
     bucket: str = Field(default="tuneloop", min_length=3, max_length=63)
+    # The S3 region (where the bucket is made when it is missing).
     region: str = "us-east-1"
     # TLS to the endpoint (https).
     secure: bool = False
