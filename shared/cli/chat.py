@@ -18,15 +18,21 @@ from shared.cli.output import out
 HELP = "/reset forgets the conversation, /exit (or Ctrl-D) ends it"
 
 
-def _answer(client: openai.OpenAI, model: str, messages: list[Any], stream: bool) -> str:
+def _answer(
+    client: openai.OpenAI, model: str, messages: list[Any], stream: bool, max_tokens: int | None
+) -> str:
     """The model's reply, written out as it arrives."""
+    limit = openai.omit if max_tokens is None else max_tokens
     if not stream:
-        reply = client.chat.completions.create(model=model, messages=messages)
+        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=limit)
         content = reply.choices[0].message.content or ""
         sys.stdout.write(content)
         return content
     parts: list[str] = []
-    for chunk in client.chat.completions.create(model=model, messages=messages, stream=True):
+    answer = client.chat.completions.create(
+        model=model, messages=messages, stream=True, max_tokens=limit
+    )
+    for chunk in answer:
         delta = chunk.choices[0].delta.content if chunk.choices else None
         if delta:
             parts.append(delta)
@@ -48,6 +54,9 @@ def chat(
     model: Annotated[str, typer.Argument(help="any model the gateway routes")],
     system: Annotated[str | None, typer.Option(help="a system prompt")] = None,
     stream: Annotated[bool, typer.Option(help="show the answer as it is written")] = True,
+    max_tokens: Annotated[
+        int | None, typer.Option(min=1, help="at most this many tokens an answer")
+    ] = None,
 ) -> None:
     """Chat with a model through the gateway (/reset, /exit)."""
     client = gateway(ctx)
@@ -67,7 +76,7 @@ def chat(
         messages.append({"role": "user", "content": said})
         sys.stdout.write(f"{model}> ")
         try:
-            reply = _answer(client, model, messages, stream)
+            reply = _answer(client, model, messages, stream, max_tokens)
         except openai.APIError as exc:
             messages.pop()  # the refused turn is not part of the conversation
             sys.stdout.write("\n")

@@ -79,10 +79,12 @@ def show_job(client: openai.OpenAI, job_id: str, step: str | None) -> None:
 
 
 def _output_text(sample: dict[str, Any] | None) -> str:
-    for message in (sample or {}).get("output") or []:
+    """A generated sample's answer (OpenAI's `output` messages), or a given one's `output_text`."""
+    sample = sample or {}
+    for message in sample.get("output") or []:
         if isinstance(message, dict) and message.get("content"):
             return short(message["content"], 40)
-    return "-"
+    return short(sample.get("output_text"), 40) if sample.get("output_text") else "-"
 
 
 def _grades(results: list[dict[str, Any]]) -> str:
@@ -101,8 +103,9 @@ def show_run(client: openai.OpenAI, eval_id: str, run_id: str | None) -> None:
     counts = run.get("result_counts") or {}
     out.print(
         fields(
-            f"run {run_id} of {eval_id}",
+            f"run {run_id}",
             [
+                ("eval", eval_id),
                 ("name", run.get("name")),
                 ("status", run.get("status")),
                 ("model", run.get("model")),

@@ -54,6 +54,28 @@ def _is_step(data: dict[str, Any]) -> bool:
     return "train_loss" in data and "step" in data and "task_score" not in data
 
 
+class Pace:
+    """Steps a second, from the step events' own times (events read in one poll arrive
+    together; when they happened is what counts), and the time left at that pace."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, float] | None = None
+        self.last: tuple[int, float] | None = None
+
+    def add(self, step: int, at: float) -> None:
+        if self.first is None:
+            self.first = (step, at)
+        self.last = (step, at)
+
+    def remaining(self, total: int | None) -> float | None:
+        if total is None or self.first is None or self.last is None:
+            return None
+        steps, seconds = self.last[0] - self.first[0], self.last[1] - self.first[1]
+        if steps <= 0 or seconds <= 0:
+            return None
+        return max(total - self.last[0], 0) * seconds / steps
+
+
 class JobView:
     """What the user sees while a job runs."""
 
@@ -72,6 +94,8 @@ class JobView:
         self.task = self.progress.add_task(
             "job", total=None, status="", loss="-", score="-", eta="-"
         )
+        self.pace = Pace()
+        self.total: int | None = None
 
     def __enter__(self) -> JobView:
         self.progress.start()
@@ -81,17 +105,18 @@ class JobView:
         self.progress.stop()
 
     def eta(self) -> str:
-        return duration(self.progress.tasks[0].time_remaining)
+        return duration(self.pace.remaining(self.total))
 
     def job(self, job: dict[str, Any]) -> None:
-        total = total_steps(job)
-        self.progress.update(self.task, total=total, status=job["status"], eta=self.eta())
+        self.total = total_steps(job)
+        self.progress.update(self.task, total=self.total, status=job["status"], eta=self.eta())
 
     def event(self, event: dict[str, Any]) -> None:
         data = event.get("data") or {}
         if _is_step(data):
-            self.progress.update(self.task, completed=data["step"], loss=text(data["train_loss"]))
-            self.progress.update(self.task, eta=self.eta())
+            self.pace.add(int(data["step"]), float(event["created_at"]))
+            loss = text(data["train_loss"])
+            self.progress.update(self.task, completed=data["step"], loss=loss, eta=self.eta())
             if self.live:
                 return  # the bar says it
         elif "task_score" in data:
@@ -115,9 +140,9 @@ def follow(client: openai.OpenAI, job_id: str, *, poll_s: float = POLL_S) -> dic
         while True:
             # The job before its events: if it has ended, its last events are read after.
             job = client.fine_tuning.jobs.retrieve(job_id).model_dump()
+            view.job(job)
             for event in new_events(client, job_id, seen, limit=limit):
                 view.event(event)
-            view.job(job)
             if job["status"] in ENDED:
                 return job
             limit = 100

@@ -16,9 +16,11 @@ out = Console()
 ID_COLUMNS = frozenset({"id", "job", "file", "dataset", "deployment", "model", "version", "run"})
 
 
-def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> Table:
+def table(
+    title: str, columns: Sequence[str], rows: Iterable[Sequence[object]], *, header: bool = True
+) -> Table:
     """A table whose cells are shown as text (never read as rich markup: they are the server's)."""
-    shown = Table(title=title, title_justify="left")
+    shown = Table(title=title, title_justify="left", show_header=header)
     for column in columns:
         kept = column in ID_COLUMNS
         shown.add_column(column, no_wrap=kept, overflow="fold", min_width=None if kept else 4)
@@ -29,7 +31,8 @@ def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) 
 
 def fields(title: str, pairs: Iterable[tuple[str, object]]) -> Table:
     """A two-column table of an object's fields, leaving out those that are unset."""
-    return table(title, ("field", "value"), ((k, v) for k, v in pairs if v not in (None, "", [])))
+    kept = ((k, v) for k, v in pairs if v not in (None, "", []))
+    return table(title, ("field", "value"), kept, header=False)
 
 
 def text(value: object) -> str:
