@@ -136,7 +136,8 @@ class Dispatcher:
         until = outbox.later(now, self.settings.timeout_s + CLAIM_MARGIN_S)
         claimed = []
         with session_scope(self.engine) as session:
-            for delivery in outbox.due(session, now=now, limit=self.settings.concurrency * 4):
+            # No more than the slots: each claimed one is sent before its claim runs out.
+            for delivery in outbox.due(session, now=now, limit=self.settings.concurrency):
                 rule = session.get(NotificationRuleRow, delivery.rule_id)
                 if rule is not None and outbox.claim(session, delivery, until=until):
                     key = signing.rule_key(self._secret, rule.id, rule.secret_version)
