@@ -185,6 +185,7 @@ def test_sign_in_keeps_the_key_out_of_urls_pages_and_cookies(
     assert stack.tenant in page.inner_text("#who")
     page.click("nav >> text=Datasets")
     page.click(f"text={dataset['id']}")  # the job's dataset, built from the uploaded files
+    page.wait_for_url(f"**/ui/datasets/{dataset['id']}")
     steps = page.locator("#cleaning tbody tr")
     assert steps.count() == len(dataset["report"]["steps"]) > 0
     assert str(dataset["report"]["input_count"]) in page.inner_text("main")
@@ -201,6 +202,28 @@ def test_sign_in_keeps_the_key_out_of_urls_pages_and_cookies(
     assert secret not in cookie["value"]
     assert (cookie["httpOnly"], cookie["sameSite"], cookie["path"]) == (True, "Strict", "/ui")
     assert page.evaluate("document.cookie") == ""  # no script can read it
+
+
+def test_a_wrong_key_is_refused_without_being_shown_back(
+    browser: Browser, stack: Stack, visited: list[str]
+) -> None:
+    page = _context(browser, stack, visited).new_page()
+    page.goto("/ui/sign-in")
+    wrong = "tl_zzzzzzzz_" + "A" * 43
+    for key, reason in ((wrong, "not recognised"), ("not-a-key", "malformed")):
+        page.fill("#key", key)
+        with page.expect_navigation() as posted:
+            page.click("#sign-in button")
+        assert posted.value is not None
+        assert posted.value.status == 401
+        assert reason in page.inner_text("#error")
+        assert key not in page.content()
+    assert not [c for c in page.context.cookies() if c["name"] == COOKIE]
+    forged = page.request.post(
+        "/ui/sign-in", form={"key": stack.key}, headers={"Origin": stack.url}
+    )  # no sign-in token: another site cannot sign this browser in
+    assert forged.status == 403
+    assert "CSRF token" in forged.text()
 
 
 def test_the_evaluation_page_shows_each_item(
