@@ -87,11 +87,16 @@ class Event(BaseModel):
     # per event costs more on the bus than the event itself.
     bundled: ClassVar[bool] = False
 
-    event_id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=1, max_length=128)
-    occurred_at: AwareDatetime = Field(default_factory=_now)
+    event_id: str = Field(
+        default_factory=lambda: uuid.uuid4().hex,
+        min_length=1,
+        max_length=128,
+        description="unique; also the JetStream Nats-Msg-Id: consume idempotently by it",
+    )
+    occurred_at: AwareDatetime = Field(default_factory=_now, description="when, with its zone")
     # Stamped with the class's event_version when absent (see _stamp_version).
     schema_version: int = 0
-    tenant: TenantId
+    tenant: TenantId = Field(description="whose fact; also the subject's second token")
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -220,6 +225,8 @@ class DatasetBuilt(Event):
 
 
 class DatasetBuildFailed(Event):
+    """A dataset build ended without a dataset; `reason` says why."""
+
     event_name = "dataset.build_failed"
     stream = DATASETS
     dataset_id: str
@@ -250,6 +257,8 @@ class JobCreated(JobEvent):
 
 
 class JobQueued(JobEvent):
+    """The job is planned and waits to be placed on a provider of the GPU ladder."""
+
     event_name = "job.queued"
     stream = JOBS
     position: int = Field(ge=0)
@@ -266,6 +275,8 @@ class JobAssigned(AttemptEvent):
 
 
 class JobStarted(AttemptEvent):
+    """A trainer began an attempt of the job on `provider` (its first report)."""
+
     event_name = "job.started"
     stream = JOBS
     provider: str
@@ -347,6 +358,9 @@ class TrainingBudgetThresholdReached(Event):
 
 
 class JobSucceeded(JobEvent):
+    """The job is done: its chosen checkpoint is registered as a model version
+    (`artifact_uri`), with its scores as `metrics`."""
+
     event_name = "job.succeeded"
     stream = JOBS
     artifact_uri: str
@@ -354,6 +368,8 @@ class JobSucceeded(JobEvent):
 
 
 class JobFailed(JobEvent):
+    """The job failed for good: `reason` is a code, `message` says it in words."""
+
     event_name = "job.failed"
     stream = JOBS
     reason: str = Field(description="machine-readable code, e.g. nan_loss, oom, bad_dataset")
@@ -362,6 +378,8 @@ class JobFailed(JobEvent):
 
 
 class JobCancelled(JobEvent):
+    """The job was cancelled; its trainer is given time to checkpoint, then stopped."""
+
     event_name = "job.cancelled"
     stream = JOBS
     requested_by: str
@@ -419,6 +437,8 @@ class EvalCompleted(JobEvent):
 
 
 class BestCheckpointChanged(JobEvent):
+    """A checkpoint became the job's best so far by the task score (`metric`, `value`)."""
+
     event_name = "eval.best_checkpoint_changed"
     stream = EVALS
     checkpoint_uri: str
@@ -564,6 +584,9 @@ class DeploymentEvent(Event):
 
 
 class DeploymentRequested(DeploymentEvent):
+    """A deployment was asked for. Nothing publishes or reads it today: deployments start
+    through the hoster's API, and `deployment.ready` or `deployment.failed` follows."""
+
     event_name = "deployment.requested"
     stream = DEPLOYMENTS
     model_id: str
@@ -588,12 +611,16 @@ class DeploymentReady(DeploymentEvent):
 
 
 class DeploymentFailed(DeploymentEvent):
+    """A deployment could not start, or its engine crashed too often to be started again."""
+
     event_name = "deployment.failed"
     stream = DEPLOYMENTS
     reason: str
 
 
 class DeploymentStopped(DeploymentEvent):
+    """A deployment was undeployed: the gateway stops routing `served_model_name` to it."""
+
     event_name = "deployment.stopped"
     stream = DEPLOYMENTS
     served_model_name: str
