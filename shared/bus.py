@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import inspect
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
@@ -409,7 +410,7 @@ def subscribe(
     """
     if event_cls.bundled:
         raise ValueError(f"{event_cls.__name__} may arrive in bundles; use consume_batches")
-    description = (event_cls.__doc__ or "").strip()
+    description = inspect.cleandoc(event_cls.__doc__ or "")  # the AsyncAPI document's words
     if event_cls.stream is None:
         return router.subscriber(
             event_cls.subject_pattern(), title=event_cls.__name__, description=description
@@ -466,7 +467,7 @@ def watch(router: NatsRouter | NatsBroker, event_cls: type[E]) -> Callable[[Hand
         ordered_consumer=True,
         deliver_policy=DeliverPolicy.ALL,
         title=f"watch:{event_cls.__name__}",
-        description=(event_cls.__doc__ or "").strip(),
+        description=inspect.cleandoc(event_cls.__doc__ or ""),
     )
 
 
