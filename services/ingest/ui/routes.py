@@ -97,9 +97,10 @@ def _sign_in_page(request: Request, message: str | None, status: int) -> Respons
 
 @router.post("/sign-in")
 async def sign_in(
-    request: Request, key: Annotated[str, Form(max_length=200)] = "", csrf: Csrf = None
+    request: Request, key: Annotated[str, Form()] = "", csrf: Csrf = None
 ) -> Response:
-    """The key is checked, and only its id, tenant and scope are kept (sessions.py)."""
+    """The key is checked, and only its id, tenant and scope are kept (sessions.py). No length
+    limit of the form's own: FastAPI's 422 would echo the field back; a key too long is malformed."""
     check_origin(request)
     check_token(csrf, request.cookies.get(SIGN_IN_COOKIE, ""))
     engine = request.app.state.db_engine

@@ -132,7 +132,12 @@ class SessionStore:
                     max_value_size=2048,
                     storage=StorageType.FILE,
                 )
-                self._kv = await connection.jetstream().create_key_value(config)
+                js = connection.jetstream()
+                try:
+                    self._kv = await js.create_key_value(config)
+                except nats.js.errors.BadRequestError:
+                    # Made by a release with other limits: use it as it is.
+                    self._kv = await js.key_value(BUCKET)
             return self._kv
 
 
