@@ -611,10 +611,17 @@ class DeploymentReady(DeploymentEvent):
 
 
 class DeploymentFailed(DeploymentEvent):
-    """A deployment could not start, or its engine crashed too often to be started again."""
+    """A deployment could not start, or its engine crashed too often to be started again.
+
+    v2: what it was serving, `served_model_name` (the version's ft: name) and `served_name`
+    (the stable name it was deployed under; None: its own name only), so a notification rule
+    filtered by served name is told of its own name's failures only (v1 named neither)."""
 
     event_name = "deployment.failed"
+    event_version = 2
     stream = DEPLOYMENTS
+    served_model_name: str
+    served_name: str | None = None
     reason: str
 
 

@@ -117,6 +117,8 @@ class Hoster:
                     DeploymentFailed(
                         tenant=deployment.tenant,
                         deployment_id=deployment.id,
+                        served_model_name=deployment.served_model_name,
+                        served_name=deployment.served_name,
                         reason=deployment.error or "failed",
                     )
                 )
@@ -317,6 +319,8 @@ class Hoster:
                 DeploymentFailed(
                     tenant=deployment.tenant,
                     deployment_id=deployment.id,
+                    served_model_name=deployment.served_model_name,
+                    served_name=deployment.served_name,
                     reason=deployment.error or "failed",
                 )
             )

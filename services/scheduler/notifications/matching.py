@@ -113,9 +113,14 @@ def alert_of(event: Event, *, suffix: str | None = None) -> Alert | None:
     if isinstance(event, DeploymentFailed):
         return Alert(
             event="deployment.unhealthy",
-            title=f"Deployment {event.deployment_id} failed",
+            title=f"Deployment {event.deployment_id} of {event.served_model_name} failed",
             text=_short(event.reason),
-            facts=_facts(("Deployment", event.deployment_id)),
+            facts=_facts(
+                ("Served name", event.served_name),
+                ("Model", event.served_model_name),
+                ("Deployment", event.deployment_id),
+            ),
+            served_name=event.served_name,
             **common,
         )
     if isinstance(event, TrainingBudgetThresholdReached):
@@ -203,10 +208,11 @@ def matches(rule: RuleCreate, alert: Alert) -> bool:
         return True
     if wanted.suffix is not None and alert.event in SUFFIX_EVENTS and alert.suffix != wanted.suffix:
         return False
-    # deployment.failed names no served name: it passes (an alert too many beats one missed).
-    known = alert.event in SERVED_NAME_EVENTS and alert.served_name is not None
+    # A deployment under no served name (its own ft: name only) is not the filter's name.
     return not (
-        wanted.served_name is not None and known and alert.served_name != wanted.served_name
+        wanted.served_name is not None
+        and alert.event in SERVED_NAME_EVENTS
+        and alert.served_name != wanted.served_name
     )
 
 

@@ -43,8 +43,8 @@ class RuleFilter(BaseModel):
         default=None,
         min_length=1,
         max_length=256,
-        description="only this served name (deployment.rolled_back, deployment.unhealthy; "
-        "deployment.failed carries no served name and always passes)",
+        description="only this served name (deployment.rolled_back, deployment.unhealthy: "
+        "a deployment under no served name does not pass)",
     )
 
 

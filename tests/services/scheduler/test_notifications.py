@@ -58,6 +58,16 @@ def _budget(percent: int) -> TrainingBudgetThresholdReached:
     )
 
 
+def _broken(deployment_id: str, *, served_name: str | None) -> DeploymentFailed:
+    return DeploymentFailed(
+        tenant="acme",
+        deployment_id=deployment_id,
+        served_model_name="ft:base:billing-desk:ftjob-9",
+        served_name=served_name,
+        reason="oom",
+    )
+
+
 def _rule(**parts: object) -> RuleCreate:
     return RuleCreate.model_validate({"name": "on-call", "url": URL} | parts)
 
@@ -109,9 +119,15 @@ def test_each_source_fact_becomes_its_alert_with_what_filters_read() -> None:
     )
     assert canary is not None
     assert canary.event == "deployment.unhealthy"
-    broken = alert_of(DeploymentFailed(tenant="acme", deployment_id="dep-3", reason="oom"))
+    broken = alert_of(_broken("dep-3", served_name="billing-desk"))
     assert broken is not None
-    assert (broken.event, broken.served_name) == ("deployment.unhealthy", None)
+    assert (broken.event, broken.served_name) == ("deployment.unhealthy", "billing-desk")
+    assert broken.title == "Deployment dep-3 of ft:base:billing-desk:ftjob-9 failed"
+    assert dict(broken.facts)["Served name"] == "billing-desk"
+    alone = alert_of(_broken("dep-4", served_name=None))
+    assert alone is not None
+    assert alone.served_name is None
+    assert "Served name" not in dict(alone.facts)
     budget = alert_of(_budget(80))
     assert budget is not None
     assert (budget.event, budget.budget_percent) == ("budget.nearly_spent", 80)
@@ -142,10 +158,19 @@ def test_rules_take_their_events_their_filter_and_their_threshold() -> None:
     )
     assert matches(desk, rolled)
     assert not matches(other, rolled)
-    # deployment.failed names no served name: a served-name rule still gets it.
-    broken = alert_of(DeploymentFailed(tenant="acme", deployment_id="d", reason="oom"))
-    assert broken is not None
-    assert matches(other, broken)
+    # deployment.failed names the served name its deployment was under: the filter applies,
+    # and a deployment under none (its own ft: name) reaches unfiltered rules only.
+    for served_name, reaches in [
+        ("billing-desk", (True, False, True)),
+        ("support", (False, True, True)),
+        (None, (False, False, True)),
+    ]:
+        broken = alert_of(_broken("d", served_name=served_name))
+        assert broken is not None
+        everything = _rule(events=["deployment.unhealthy"])
+        assert (matches(desk, broken), matches(other, broken), matches(everything, broken)) == (
+            reaches
+        ), served_name
     # A suffix filter does not hold back the deployment facts of the same rule.
     mixed = _rule(events=["job.failed", "deployment.rolled_back"], filter={"suffix": "support"})
     assert matches(mixed, rolled)
@@ -265,7 +290,15 @@ def test_our_body_and_slacks() -> None:
 
 
 def test_slack_limits_are_kept() -> None:
-    alert = alert_of(DeploymentFailed(tenant="acme", deployment_id="d" * 400, reason="r" * 5000))
+    alert = alert_of(
+        DeploymentFailed(
+            tenant="acme",
+            deployment_id="d" * 400,
+            served_model_name="m" * 256,
+            served_name="s" * 256,
+            reason="r" * 5000,
+        )
+    )
     assert alert is not None
     header, section, _ = bodies.slack(alert, rule_name="x")["blocks"]
     assert len(header["text"]["text"]) <= 150
