@@ -56,7 +56,7 @@ class Stack:
     client: openai.OpenAI  # the tenant's, to check what the commands did
     env: dict[str, str]  # a `tuneloop` process's: the settings, the base URL and key
     nats_url: str
-    found: dict[str, Any] = field(default_factory=dict)  # what earlier steps made
+    processes: dict[str, RunningProcess] = field(default_factory=dict)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,8 @@ def stack(
             "PYTHONUNBUFFERED": "1",
         }
         client = openai.OpenAI(base_url=url, api_key=prepared.key, max_retries=0)
-        yield Stack(tmp, client, cli_env, own_nats.nats.url)
+        named = {p.component.name: p for p in processes}
+        yield Stack(tmp, client, cli_env, own_nats.nats.url, named)
     finally:
         for process in reversed(processes):
             process.stop()
@@ -515,3 +516,14 @@ def test_evals_show_a_run_and_compare_two(stack: Stack) -> None:
     assert "regressed 0, errored 0, unchanged 1, improved 4" in compared.stdout
     assert re.search(rf"│ candidate\s+│ {candidate}\s+│", compared.stdout)
     assert compared.stdout.count("improved") == 5  # the counts, and four items
+
+
+def test_a_service_away_behind_the_gateway_is_exit_3(stack: Stack) -> None:
+    """Last: it stops the scheduler. The gateway answers 503 naming it; nothing is retried
+    into a hang and nothing is a traceback."""
+    stack.processes["scheduler"].stop()
+    away = tuneloop(stack, "jobs", "list")
+    assert away.exit_code == 3
+    assert re.fullmatch(
+        r"error: scheduler at http://\S+ is not reachable \(\w+\) \(HTTP 503\)\n", away.stderr
+    ), away.stderr
