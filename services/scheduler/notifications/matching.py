@@ -7,10 +7,13 @@ becomes an `Alert` with its words and its data; `matches` says whether a rule wa
     deployment.rolled_back  deployment.rolled_back
     deployment.unhealthy    deployment.failed, deployment.canary_failed
     budget.nearly_spent     job.budget_threshold_reached at the rule's percentage
+
+and `test`, which no rule names: what POST /v1/notification_rules/{id}/test sends.
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -18,8 +21,8 @@ from typing import Any
 from services.scheduler.notifications.schemas import (
     SERVED_NAME_EVENTS,
     SUFFIX_EVENTS,
+    AlertEvent,
     RuleCreate,
-    RuleEvent,
 )
 from shared.events import (
     CanaryFailed,
@@ -44,7 +47,7 @@ SOURCES: tuple[type[Event], ...] = (
 
 @dataclass(frozen=True)
 class Alert:
-    event: RuleEvent
+    event: AlertEvent
     # Once per rule: the bus event's id, or the check's own key.
     key: str
     tenant: str
@@ -193,6 +196,20 @@ def stuck(
         },
         suffix=suffix,
         idle_s=idle,
+    )
+
+
+def probe(*, tenant: str, rule_id: str, rule_name: str, now: datetime) -> Alert:
+    """What POST /v1/notification_rules/{id}/test sends: a delivery of its own each time."""
+    return Alert(
+        event="test",
+        key=f"test:{uuid.uuid4().hex}",
+        tenant=tenant,
+        occurred_at=now,
+        title=f"Test notification for rule {rule_name}",
+        text="This rule's URL received a signed tuneloop notification: it is set up.",
+        facts=_facts(("Rule", rule_name)),
+        data={"rule_id": rule_id},
     )
 
 

@@ -20,11 +20,11 @@ from sqlmodel import Session
 
 from services.scheduler.config import NotificationSettings
 from services.scheduler.ladder import ProviderPool
-from services.scheduler.models import JobRow, NotificationRuleRow
+from services.scheduler.models import JobRow, NotificationDeliveryRow, NotificationRuleRow
 from services.scheduler.notifications import bodies, checks, metrics, outbox, rules
 from services.scheduler.notifications.delivery import Dispatcher
-from services.scheduler.notifications.matching import Alert, alert_of, matches
-from services.scheduler.notifications.schemas import RuleCreate
+from services.scheduler.notifications.matching import Alert, alert_of, matches, probe
+from services.scheduler.notifications.schemas import Delivery, RuleCreate
 from shared.db import session_scope, utcnow
 from shared.events import Event, JobEvent, TrainingBudgetThresholdReached
 
@@ -79,11 +79,42 @@ class Notifier:
                 by_tenant[alert.tenant] = rules.enabled(session, tenant=alert.tenant)
             for row, spec in by_tenant[alert.tenant]:
                 if matches(spec, alert):
-                    added += self._add(session, row, alert)
+                    added += self._add(session, row, alert) is not None
         session.commit()
         return added
 
-    def _add(self, session: Session, row: NotificationRuleRow, alert: Alert) -> int:
+    async def send_test(self, *, tenant: str, rule_id: str) -> Delivery:
+        """A signed `test` delivery to the rule's URL (enabled or not), through the outbox like
+        any alert; returned after its first attempt, or as it stands once a request's timeout
+        has passed (the sender busy with others)."""
+        delivery_id = await asyncio.to_thread(self._enqueue_test, tenant, rule_id)
+        self._wake.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.timeout_s + 1.0
+        while True:
+            delivery = await asyncio.to_thread(self._delivery, delivery_id)
+            if delivery.attempts or loop.time() >= deadline:
+                return delivery
+            await asyncio.sleep(0.05)
+
+    def _enqueue_test(self, tenant: str, rule_id: str) -> str:
+        with session_scope(self.engine) as session:
+            row = rules.owned(session, tenant=tenant, rule_id=rule_id)
+            alert = probe(tenant=tenant, rule_id=row.id, rule_name=row.name, now=self.clock())
+            message_id = self._add(session, row, alert)
+            session.commit()
+            assert message_id is not None  # its key is new: nothing to collide with
+            return message_id
+
+    def _delivery(self, delivery_id: str) -> Delivery:
+        with session_scope(self.engine) as session:
+            row = session.get(NotificationDeliveryRow, delivery_id)
+            if row is None:  # the rule was deleted meanwhile
+                raise rules.RuleError(404, f"delivery {delivery_id!r} not found", param="rule_id")
+            return outbox.to_api(session, row)
+
+    def _add(self, session: Session, row: NotificationRuleRow, alert: Alert) -> str | None:
+        """The delivery's id, or None when the rule has one for this alert already."""
         message_id = outbox.new_message_id()
         body = bodies.render(
             row.format,  # type: ignore[arg-type]  # written from Format only
@@ -101,7 +132,7 @@ class Notifier:
             body=body,
             now=self.clock(),
         )
-        return int(added)
+        return message_id if added else None
 
     async def check(self) -> None:
         """Stuck jobs to the outbox; budget percentages reached to the bus (their events come

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from services.scheduler.notifications import outbox, rules
 from services.scheduler.notifications.notifier import Notifier
 from services.scheduler.notifications.schemas import (
+    Delivery,
     DeliveryList,
     Rule,
     RuleCreate,
@@ -101,3 +102,16 @@ def list_deliveries(
         rule = rules.owned(session, tenant=principal.tenant_id, rule_id=rule_id)
         data, more = outbox.page(session, rule_id=rule.id, after=after, limit=limit)
         return DeliveryList(data=data, has_more=more)
+
+
+@router.post(
+    "/{rule_id}/test",
+    response_model=Delivery,
+    summary="Send the rule a signed test notification",
+)
+async def send_test(rule_id: str, principal: auth.WriterDep, notifier: NotifierDep) -> Delivery:
+    """A delivery of event `test` to the rule's URL, signed with its secret and sent through
+    the outbox like any alert (retried alike), enabled or not. The answer is the delivery
+    after its first attempt (`status`, `attempts`: the receiver's status code or the error),
+    or still `pending` when the sender did not get to it within a request's timeout."""
+    return await notifier.send_test(tenant=principal.tenant_id, rule_id=rule_id)

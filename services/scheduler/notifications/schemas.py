@@ -20,6 +20,8 @@ RuleEvent = Literal[
     "deployment.unhealthy",
     "budget.nearly_spent",
 ]
+# What a delivery is about: a rule event, or `test` (POST /v1/notification_rules/{id}/test).
+AlertEvent = Literal[RuleEvent, "test"]
 Format = Literal["json", "slack"]
 DeliveryStatus = Literal["pending", "delivered", "failed"]
 # The facts each filter can be checked against; a filter passes facts that do not carry it.
@@ -158,7 +160,7 @@ class Delivery(BaseModel):
     object: Literal["notification_rule.delivery"] = "notification_rule.delivery"
     id: str = Field(description="the webhook-id header: the same on every attempt")
     rule_id: str
-    event: RuleEvent
+    event: AlertEvent
     status: DeliveryStatus
     created_at: int
     delivered_at: int | None = None

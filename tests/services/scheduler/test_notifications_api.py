@@ -370,3 +370,45 @@ def test_a_scheduler_killed_mid_retry_delivers_after_its_restart(stack: Stack) -
     assert codes[-1] == 200
     assert set(codes[:-1]) == {503}
     assert {r.headers["webhook-id"] for r in stack.receiver.at("/outage")} == {delivered["id"]}
+
+
+def test_a_rules_test_notification_is_signed_sent_through_the_outbox_and_answered(
+    stack: Stack,
+) -> None:
+    # Disabled, and its receiver fails the first try: the test is sent all the same, retried.
+    rule = stack.rule(
+        "acme:write",
+        url=stack.receiver.answer("/ping", 503),
+        events=["job.failed"],
+        enabled=False,
+    )
+    path = f"{RULES}/{rule['id']}/test"
+    answer = stack.call("acme:write", "POST", path)
+    assert answer.status_code == 200, answer.text
+    delivery = answer.json()
+    assert (delivery["object"], delivery["event"], delivery["rule_id"]) == (
+        "notification_rule.delivery",
+        "test",
+        rule["id"],
+    )
+    assert (delivery["status"], delivery["last_status_code"]) == ("pending", 503)
+    assert [(a["number"], a["outcome"]) for a in delivery["attempts"]] == [(1, "retry")]
+
+    first, second = stack.receiver.wait_for("/ping", 2)
+    for request in (first, second):
+        verify(rule["secret"], request.headers, request.body)
+        assert request.headers["webhook-id"] == delivery["id"]
+    body = second.json()
+    assert (body["type"], body["tenant"], body["rule"]["id"]) == ("test", "acme", rule["id"])
+    (delivered,) = stack.until(rule["id"], lambda d: d and d[0]["status"] == "delivered")
+    assert delivered["id"] == delivery["id"]
+
+    again = stack.call("acme:write", "POST", path).json()  # each call a delivery of its own
+    assert again["id"] != delivery["id"]
+    assert (again["status"], again["attempts"][0]["status_code"]) == ("delivered", 200)
+    assert stack.call("acme:read", "POST", path).status_code == 403
+    other = stack.call("globex:write", "POST", path)
+    assert other.status_code == 404, other.text
+    assert rule["id"] in other.json()["error"]["message"]
+    missing = stack.call("acme:write", "POST", f"{RULES}/nr_missing/test")
+    assert (missing.status_code, missing.json()["error"]["param"]) == (404, "rule_id")
