@@ -11,17 +11,16 @@ import json
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from sqlalchemy.engine import Engine
 
 from shared import auth, db
 from shared.cli.client import gateway_base_url
+from shared.cli.errors import API_ERROR, USAGE, CliError
+from shared.cli.output import out as console
 from shared.settings import Settings, get_settings
 
 keys_app = typer.Typer(no_args_is_help=True, help="A tenant's API keys (printed once).")
-console = Console()
-err = Console(stderr=True)
 
 TenantOpt = Annotated[str, typer.Option("--tenant", help="tenant id, e.g. acme")]
 
@@ -29,11 +28,6 @@ TenantOpt = Annotated[str, typer.Option("--tenant", help="tenant id, e.g. acme")
 def _engine(settings: Settings) -> Engine:
     db.migrate(settings.database_url)  # a no-op at head; a fresh install needs no other step
     return db.make_engine(settings.database_url)
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]{message}[/]", highlight=False)
-    return typer.Exit(code)
 
 
 @keys_app.command("create")
@@ -56,7 +50,7 @@ def create(
             )
     except auth.AuthInputError as exc:
         message = str(exc).replace("tenant_id:", "--tenant:").replace("scope:", "--scope:")
-        raise _fail(message, 2) from None
+        raise CliError(message, USAGE) from None
     finally:
         engine.dispose()
     base_url = gateway_base_url(settings)
@@ -80,7 +74,7 @@ def list_keys(tenant: TenantOpt) -> None:
     try:
         with db.session_scope(engine) as session:
             if session.get(auth.Tenant, tenant) is None:
-                raise _fail(f"--tenant: tenant {tenant!r} does not exist")
+                raise CliError(f"--tenant: tenant {tenant!r} does not exist", API_ERROR)
             keys = auth.list_api_keys(session, tenant_id=tenant)
     finally:
         engine.dispose()
@@ -113,7 +107,7 @@ def revoke(
         with db.session_scope(engine) as session:
             key = auth.revoke_api_key(session, tenant_id=tenant, key_id=key_id)
     except auth.ApiKeyNotFoundError as exc:
-        raise _fail(str(exc)) from None
+        raise CliError(str(exc), API_ERROR) from None
     finally:
         engine.dispose()
     typer.echo(f"revoked key {key.id} (tl_{key.prefix}_…) of tenant {tenant}")
