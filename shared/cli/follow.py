@@ -63,8 +63,8 @@ class Pace:
         self.last: tuple[int, float] | None = None
 
     def add(self, step: int, at: float) -> None:
-        if self.first is None:
-            self.first = (step, at)
+        if self.first is None or (self.last is not None and step < self.last[0]):
+            self.first = (step, at)  # the start, or a new attempt going on from a checkpoint
         self.last = (step, at)
 
     def remaining(self, total: int | None) -> float | None:
