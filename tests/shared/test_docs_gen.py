@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import json
 import re
 import subprocess
@@ -93,16 +94,25 @@ def test_generated_documents_describe_the_code(generated: Path) -> None:
     assert "/v1/datasets" in ingest["paths"]
 
 
+@functools.cache
+def _nodes() -> tuple[tuple[Path, ast.AST], ...]:
+    """Every node of every module of shared/ and services/, parsed once for the tests below."""
+    return tuple(
+        (path.relative_to(ROOT), node)
+        for top in ("shared", "services")
+        for path in sorted((ROOT / top).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+    )
+
+
 def _settings_classes_in_code() -> set[str]:
     found = set()
-    for top in ("shared", "services"):
-        for path in (ROOT / top).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if isinstance(node, ast.ClassDef) and any(
-                    isinstance(base, ast.Name) and base.id == "BaseSettings" for base in node.bases
-                ):
-                    found.add(f"{path.relative_to(ROOT).with_suffix('')}.{node.name}")
-    return {name.replace("/", ".") for name in found}
+    for path, node in _nodes():
+        if isinstance(node, ast.ClassDef) and any(
+            isinstance(base, ast.Name) and base.id == "BaseSettings" for base in node.bases
+        ):
+            found.add(f"{path.with_suffix('')}.{node.name}".replace("/", "."))
+    return found
 
 
 def test_every_settings_class_is_in_the_reference() -> None:
@@ -128,17 +138,15 @@ def test_every_tuneloop_variable_of_the_code_is_documented() -> None:
     page = (REFERENCE / "configuration.md").read_text(encoding="utf-8")
     streams = {stream.name for stream in STREAMS}
     missing = set()
-    for top in ("shared", "services"):
-        for path in (ROOT / top).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                name = node.value if isinstance(node, ast.Constant) else None
-                if (
-                    isinstance(name, str)
-                    and VARIABLE.fullmatch(name)
-                    and name not in streams
-                    and f"`{name}`" not in page
-                ):
-                    missing.add(f"{name} ({path.relative_to(ROOT)})")
+    for path, node in _nodes():
+        name = node.value if isinstance(node, ast.Constant) else None
+        if (
+            isinstance(name, str)
+            and VARIABLE.fullmatch(name)
+            and name not in streams
+            and f"`{name}`" not in page
+        ):
+            missing.add(f"{name} ({path})")
     assert not missing, f"not in docs/reference/configuration.md: {sorted(missing)}"
 
 
