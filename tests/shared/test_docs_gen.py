@@ -95,29 +95,30 @@ def test_generated_documents_describe_the_code(generated: Path) -> None:
 
 
 @functools.cache
-def _nodes() -> tuple[tuple[Path, ast.AST], ...]:
-    """Every node of every module of shared/ and services/, parsed once for the tests below."""
-    return tuple(
-        (path.relative_to(ROOT), node)
-        for top in ("shared", "services")
-        for path in sorted((ROOT / top).rglob("*.py"))
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-    )
-
-
-def _settings_classes_in_code() -> set[str]:
-    found = set()
-    for path, node in _nodes():
-        if isinstance(node, ast.ClassDef) and any(
-            isinstance(base, ast.Name) and base.id == "BaseSettings" for base in node.bases
-        ):
-            found.add(f"{path.with_suffix('')}.{node.name}".replace("/", "."))
-    return found
+def _scan() -> tuple[frozenset[str], tuple[tuple[str, Path], ...]]:
+    """One pass over shared/ and services/: the settings classes (module.Class) and every
+    string that is a whole TUNELOOP_* name, with its module."""
+    classes, names = set(), []
+    for top in ("shared", "services"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            relative = path.relative_to(ROOT)
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ClassDef) and any(
+                    isinstance(base, ast.Name) and base.id == "BaseSettings" for base in node.bases
+                ):
+                    classes.add(f"{relative.with_suffix('')}.{node.name}".replace("/", "."))
+                elif (
+                    isinstance(node, ast.Constant)
+                    and isinstance(node.value, str)
+                    and VARIABLE.fullmatch(node.value)
+                ):
+                    names.append((node.value, relative))
+    return frozenset(classes), tuple(names)
 
 
 def test_every_settings_class_is_in_the_reference() -> None:
     documented = {f"{module}.{cls.__name__}" for module, cls in fields.settings_classes()}
-    assert _settings_classes_in_code() == documented
+    assert _scan()[0] == documented
 
 
 def test_every_setting_has_a_description_and_no_secret_shows() -> None:
@@ -137,16 +138,11 @@ def test_every_tuneloop_variable_of_the_code_is_documented() -> None:
     reference, unless it is a stream's name."""
     page = (REFERENCE / "configuration.md").read_text(encoding="utf-8")
     streams = {stream.name for stream in STREAMS}
-    missing = set()
-    for path, node in _nodes():
-        name = node.value if isinstance(node, ast.Constant) else None
-        if (
-            isinstance(name, str)
-            and VARIABLE.fullmatch(name)
-            and name not in streams
-            and f"`{name}`" not in page
-        ):
-            missing.add(f"{name} ({path})")
+    missing = {
+        f"{name} ({path})"
+        for name, path in _scan()[1]
+        if name not in streams and f"`{name}`" not in page
+    }
     assert not missing, f"not in docs/reference/configuration.md: {sorted(missing)}"
 
 
