@@ -51,6 +51,8 @@ class Stream:
 SAMPLES = Stream(
     "TUNELOOP_SAMPLES", "sample", "Captured samples, until persisted", max_msg_size=8 * 1024**2
 )
+# The capture pipeline's own facts (not samples): spill episodes, for tenants' alerts.
+CAPTURE = Stream("TUNELOOP_CAPTURE", "capture", "Capture's episodes of keeping samples on disk")
 DATASETS = Stream("TUNELOOP_DATASETS", "dataset", "Dataset builds")
 JOBS = Stream("TUNELOOP_JOBS", "job", "Fine-tuning job lifecycle and training reports")
 EVALS = Stream("TUNELOOP_EVALS", "eval", "Checkpoint evaluations")
@@ -64,7 +66,16 @@ DEADLETTERS = Stream(
     "Messages no consumer could handle, kept for an operator to list and replay",
     max_msg_size=SAMPLES.max_msg_size,
 )
-STREAMS: tuple[Stream, ...] = (SAMPLES, DATASETS, JOBS, EVALS, MODELS, DEPLOYMENTS, DEADLETTERS)
+STREAMS: tuple[Stream, ...] = (
+    SAMPLES,
+    CAPTURE,
+    DATASETS,
+    JOBS,
+    EVALS,
+    MODELS,
+    DEPLOYMENTS,
+    DEADLETTERS,
+)
 
 CATALOGUE: dict[str, type[Event]] = {}
 
@@ -190,6 +201,30 @@ class SampleCaptured(Event):
 # (shared.bus.MAX_BUNDLE_BYTES), far below the samples stream's message limit, so the stream
 # never refuses a sample for its size whatever the gateway accepted.
 INLINE_SAMPLE_MAX_BYTES = 1024 * 1024
+
+
+class CaptureSpilled(Event):
+    """Some of a tenant's captured samples waited in an ingest process's spill file while NATS
+    or S3 were away, and have all been delivered since: one per tenant and episode, published
+    by that ingest once its spill file is empty and the bus is back
+    (services/ingest/spill_watch.py). The calls themselves were answered all along; `refused`
+    samples were lost to capture."""
+
+    event_name = "capture.spilled"
+    stream = CAPTURE
+    started_at: AwareDatetime = Field(description="the episode's first sample spilled")
+    ended_at: AwareDatetime = Field(description="the spill file seen empty again")
+    samples: int = Field(ge=0, description="this tenant's samples kept in the spill file")
+    bytes: int = Field(ge=0, description="their size there")
+    refused: int = Field(
+        default=0, ge=0, description="this tenant's samples refused at the spill file's cap"
+    )
+    max_backlog_fraction: float = Field(
+        ge=0,
+        le=1,
+        description="the fullest the spill file got, over every tenant, as a fraction of its "
+        "cap (TUNELOOP_INGEST_SPILL_MAX_BYTES): how near capture came to refusing samples",
+    )
 
 
 class DatasetBuildRequested(Event):

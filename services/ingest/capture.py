@@ -29,6 +29,7 @@ from services.ingest.config import IngestSettings
 from services.ingest.normalize import Exchange, NormalizeError
 from services.ingest.private_files import private_dir, private_file
 from services.ingest.routing import Api
+from services.ingest.spilling import SpillLedger
 from shared.bus import EncodedEvent
 from shared.chat import derive_sample_id
 from shared.events import SampleCaptured
@@ -172,36 +173,48 @@ class SpillFile:
     so one spill file; a claim is named after the incarnation that made it, and one whose maker
     is gone is replayed by whoever finds it."""
 
-    def __init__(self, path: Path, *, max_bytes: int = 1024**3) -> None:
+    def __init__(
+        self, path: Path, *, max_bytes: int = 1024**3, ledger: SpillLedger | None = None
+    ) -> None:
         self.path = path
         self.max_bytes = max_bytes
+        # Whose records went in since the file was last empty (spilling.py); None: not told.
+        self.ledger = ledger
         private_dir(path.parent)
         self._used = 0  # bytes of the live file and the claimed ones, at the last look
         self._looked_at = -1.0
 
-    def append(self, kind: str, payload: dict[str, Any]) -> bool:
-        """Keep the record; False (nothing written) when the file is at its cap."""
+    def append(self, kind: str, payload: dict[str, Any], *, tenant: str | None = None) -> bool:
+        """Keep the record; False (nothing written) when the file is at its cap. `tenant`'s
+        record is counted in the ledger, kept or refused, unless a replay writes it back."""
         line = orjson.dumps({"kind": kind, "payload": payload}) + b"\n"
-        if not _readmitting.get() and self.used() + len(line) > self.max_bytes:
-            return False
-        # One write per record and a flush: a killed process leaves whole lines behind.
-        with private_file(self.path) as handle:
-            handle.write(line)
-            handle.flush()
-        self._used += len(line)
-        return True
+        readmitted = _readmitting.get()
+        kept = readmitted or self.used() + len(line) <= self.max_bytes
+        if kept:
+            # One write per record and a flush: a killed process leaves whole lines behind.
+            with private_file(self.path) as handle:
+                handle.write(line)
+                handle.flush()
+            self._used += len(line)
+        if self.ledger is not None and tenant is not None and not readmitted:
+            self.ledger.count(tenant, len(line), kept=kept)
+        return kept
 
     def used(self) -> int:
         """Bytes held, live file and claims; looked up again at most every half second (the
         other process sharing the file appends too)."""
         now = time.monotonic()
         if now - self._looked_at > 0.5:
-            self._used = sum(_size(path) for path in (self.path, *self._all_claims()))
+            self._used = sum(_size(path) for path in self.files())
             self._looked_at = now
         return self._used
 
     def pending(self) -> bool:
         return _size(self.path) > 0 or any(self._claimed())
+
+    def files(self) -> list[Path]:
+        """The live file and every claimed one (what waits to be replayed)."""
+        return [self.path, *self._all_claims()]
 
     def _all_claims(self) -> list[Path]:
         return sorted(self.path.parent.glob(self.path.name + CLAIM_INFIX + "*"))
@@ -252,7 +265,7 @@ class SpillFile:
 def spill_file(settings: Settings, ingest: IngestSettings) -> SpillFile:
     """The spill file of a data directory (the service's and its shipper's)."""
     path = settings.app.data_dir.resolve() / "ingest" / "capture-spill.jsonl"
-    return SpillFile(path, max_bytes=ingest.spill_max_bytes)
+    return SpillFile(path, max_bytes=ingest.spill_max_bytes, ledger=SpillLedger.beside(path))
 
 
 CLAIM_INFIX = ".replaying-"

@@ -139,6 +139,16 @@ class CapturePipeline:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        self._flush_ledger()
+
+    def _flush_ledger(self) -> None:
+        """Whose samples were spilled, to the ledger the spill watcher reads (spilling.py)."""
+        if self.spill.ledger is None:
+            return
+        try:
+            self.spill.ledger.flush()
+        except OSError:  # the disk: said, and the counts lost (the samples are in the spill)
+            log.exception("could not write %s", self.spill.ledger.path)
 
     async def process(self, call: CapturedCall) -> None:
         await self.process_many([call])
@@ -238,7 +248,7 @@ class CapturePipeline:
     def _keep(
         self, spill: SpillFile, kind: str, payload: dict[str, Any], tenant: str, source: str
     ) -> None:
-        if spill.append(kind, payload):
+        if spill.append(kind, payload, tenant=tenant):
             return
         # Past the cap: the caller's call was answered; this sample is not kept. Counted per
         # tenant in the fidelity report, and an error line now and every few seconds after.
@@ -295,6 +305,7 @@ class CapturePipeline:
         held_replayed = False
         while True:
             await asyncio.sleep(self._replay_interval_s)
+            self._flush_ledger()
             if not self._can_publish():
                 continue
             try:

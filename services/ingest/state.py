@@ -24,6 +24,7 @@ from services.ingest.otlp_workers import ExportMapper
 from services.ingest.pipeline import CapturePipeline
 from services.ingest.routing import RoutingTable, load_upstreams
 from services.ingest.shipper_child import ShipperChild
+from services.ingest.spill_watch import SpillWatch
 from services.ingest.traces import TraceReceiver
 from services.ingest.wake import Waker
 from shared import accel, bus
@@ -60,6 +61,8 @@ class Ingest:
     otlp: ExportMapper
     # POST /v1/traces, served ahead of FastAPI (traces.py, fastpath.py).
     traces: TraceReceiver
+    # The spill file's backlog on /metrics, and capture.spilled once it is empty (spill_watch.py).
+    spill_watch: SpillWatch
     _file_tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _upload_sweep: asyncio.Task[None] | None = None
 
@@ -135,6 +138,7 @@ class Ingest:
             FidelityFlusher(pipeline.fidelity, engine),
             mapper,
             TraceReceiver(gateway, pipeline, mapper),
+            SpillWatch(pipeline.spill, publish=publish_event, can_publish=can_publish),
         )
 
     def process_in_background(self, row: UploadedFile, leased_to: str | None = None) -> None:
@@ -164,6 +168,7 @@ class Ingest:
         if self.persister is not None:
             await self.persister.start()
         await self.fidelity.start()
+        await self.spill_watch.start()
         await self.shipper.start()
         if cleared := await asyncio.to_thread(uploads.clear_dead_spool, self.spool_dir):
             log.info("removed %d spool files of processes that were killed", cleared)
@@ -187,6 +192,7 @@ class Ingest:
         self.journal.close()
         await self.shipper.stop()  # after the journal's last line: it ships what is left
         await self.fidelity.stop()  # after the pipeline: its last samples are counted
+        await self.spill_watch.stop()
         # Last: the pipeline still publishes while it drains; what is not stored stays queued
         # in the stream for the next start.
         if self.persister is not None:

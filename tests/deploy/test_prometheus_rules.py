@@ -1,7 +1,8 @@
 """deploy/prometheus: the alert rules pass `promtool check rules`, the Prometheus config
 `promtool check config`, and the unit tests (`promtool test rules`) fire every alert on a
-synthetic series; every metric the rules read is one a service exports on /metrics, so a
-renamed metric fails here rather than leaving an alert that can never fire.
+synthetic series; every metric the rules read is one a service exports on /metrics (the
+scheduler's, ingest's), so a renamed metric fails here rather than leaving an alert that can
+never fire.
 
 promtool comes from Debian's prometheus package (`make promtool`, which `make test` runs).
 """
@@ -20,6 +21,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY, generate_latest
 
+from services.ingest import spill_watch
 from services.scheduler.notifications import metrics
 from shared.telemetry import setup_telemetry
 
@@ -86,8 +88,9 @@ def test_every_scrape_job_is_one_the_service_down_alert_watches() -> None:
 
 @pytest.fixture
 def exported() -> set[str]:
-    """The metric names a scheduler process exports (the notifier's, primed and observed, and
-    every service's request metrics), as Prometheus' text format names them."""
+    """The metric names the scheduler's and ingest's processes export (the notifier's, primed
+    and observed; the spill watcher's, primed and observed; every service's request metrics),
+    as Prometheus' text format names them."""
     app = FastAPI()
     app.add_api_route("/ping", lambda: {"ok": True})
     setup_telemetry("scheduler", app=app)
@@ -95,6 +98,7 @@ def exported() -> set[str]:
     metrics.prime()
     metrics.set_progress({("acme", "ftjob-1"): 1.0})
     metrics.set_budget({"acme": 0.5})
+    spill_watch.prime()
     text = generate_latest(REGISTRY).decode()
     names = set(re.findall(r"^# TYPE (\S+) ", text, flags=re.MULTILINE))
     counters = set(re.findall(r"^# TYPE (\S+) counter", text, flags=re.MULTILINE))
@@ -110,5 +114,5 @@ def test_the_rules_read_only_metrics_the_services_export(exported: set[str]) -> 
     read |= {
         name for rule in rules() for name in re.findall(r"\btuneloop_[a-z0-9_]+", rule["expr"])
     }
-    assert "tuneloop_alerts_total" in read
+    assert {"tuneloop_alerts_total", "tuneloop_capture_spill_bytes"} <= read
     assert read - NOT_EXPORTED <= exported, sorted(read - NOT_EXPORTED - exported)

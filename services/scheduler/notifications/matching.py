@@ -7,6 +7,8 @@ becomes an `Alert` with its words and its data; `matches` says whether a rule wa
     deployment.rolled_back  deployment.rolled_back
     deployment.unhealthy    deployment.failed, deployment.canary_failed
     budget.nearly_spent     job.budget_threshold_reached at the rule's percentage
+    capture.spilling        capture.spilled: the tenant's samples waited in a gateway's spill
+                            file (NATS or S3 away), told once they are all delivered
 
 and `test`, which no rule names: what POST /v1/notification_rules/{id}/test sends.
 """
@@ -26,6 +28,7 @@ from services.scheduler.notifications.schemas import (
 )
 from shared.events import (
     CanaryFailed,
+    CaptureSpilled,
     DeploymentFailed,
     DeploymentRolledBack,
     EvalDecided,
@@ -42,6 +45,7 @@ SOURCES: tuple[type[Event], ...] = (
     DeploymentFailed,
     CanaryFailed,
     TrainingBudgetThresholdReached,
+    CaptureSpilled,
 )
 
 
@@ -136,7 +140,40 @@ def alert_of(event: Event, *, suffix: str | None = None) -> Alert | None:
             budget_percent=event.percent,
             **common,
         )
+    if isinstance(event, CaptureSpilled):
+        return _spilled(event, common)
     return None
+
+
+def _spilled(event: CaptureSpilled, common: dict[str, Any]) -> Alert:
+    lasted = _duration((event.ended_at - event.started_at).total_seconds())
+    lost = (
+        f" {event.refused} were refused at the spill file's cap: they are not in your samples."
+        if event.refused
+        else " None were lost."
+    )
+    return Alert(
+        event="capture.spilling",
+        title=f"Capture held {event.samples} of your samples back for {lasted}",
+        text=f"NATS or object storage was away from {event.started_at:%Y-%m-%d %H:%M:%S} to "
+        f"{event.ended_at:%H:%M:%S} UTC; the gateway kept answering calls and kept their "
+        f"samples on disk, all delivered since.{lost}",
+        facts=_facts(
+            ("Samples delayed", str(event.samples)),
+            ("Samples lost", str(event.refused)),
+            ("Lasted", lasted),
+            ("Spill file at most", f"{event.max_backlog_fraction:.0%} full"),
+        ),
+        **common,
+    )
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _gate_failed(event: EvalDecided, suffix: str | None, common: dict[str, Any]) -> Alert | None:

@@ -38,6 +38,7 @@ ALERT_EVENTS = (
     "deployment.rolled_back",
     "deployment.unhealthy",
     "budget.nearly_spent",
+    "capture.spilling",
 )
 OUTCOMES = ("delivered", "retry", "failed")
 

@@ -8,7 +8,7 @@ to `job.stuck`, `budget_percent` to `budget.nearly_spent`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,6 +19,7 @@ RuleEvent = Literal[
     "deployment.rolled_back",
     "deployment.unhealthy",
     "budget.nearly_spent",
+    "capture.spilling",
 ]
 # What a delivery is about: a rule event, or `test` (POST /v1/notification_rules/{id}/test).
 AlertEvent = Literal[RuleEvent, "test"]
@@ -54,7 +55,7 @@ class RuleCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=64, pattern=NAME_PATTERN)
-    events: list[RuleEvent] = Field(min_length=1, max_length=6)
+    events: list[RuleEvent] = Field(min_length=1, max_length=len(get_args(RuleEvent)))
     url: str = Field(
         min_length=1,
         max_length=2048,
@@ -106,7 +107,9 @@ class RuleUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str | None = Field(default=None, min_length=1, max_length=64, pattern=NAME_PATTERN)
-    events: list[RuleEvent] | None = Field(default=None, min_length=1, max_length=6)
+    events: list[RuleEvent] | None = Field(
+        default=None, min_length=1, max_length=len(get_args(RuleEvent))
+    )
     url: str | None = Field(default=None, min_length=1, max_length=2048)
     format: Format | None = None
     filter: RuleFilter | None = None

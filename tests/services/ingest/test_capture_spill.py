@@ -7,6 +7,7 @@ A call larger than the samples stream takes is stored whole (by reference throug
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import re
@@ -16,9 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import nats
+import nats.js.errors
 import pytest
 
 from shared import db, localstack
+from shared.events import CAPTURE, CaptureSpilled
 from shared.settings import Settings
 from tests.fakes.upstream import FakeUpstream, RunningUpstream, gateway_env, recorded
 from tests.plugins.infra import (
@@ -130,6 +134,7 @@ def test_a_running_gateway_delivers_what_it_spilled_once_nats_returns(
             return len(found.json()["data"])
 
         try:
+            assert _spill_metrics(url) == {"bytes": 0, "records": 0, "episodes_total": 0}
             private_nats.kill()
             for _ in range(CALLS_WHILE_AWAY):
                 answer = httpx.post(
@@ -140,6 +145,13 @@ def test_a_running_gateway_delivers_what_it_spilled_once_nats_returns(
             assert localstack.wait_until(lambda: _spilled(settings) == CALLS_WHILE_AWAY, 40), (
                 _spilled(settings)
             )
+            # The service's /metrics says so (what TuneloopCaptureSpilling reads).
+            assert localstack.wait_until(
+                lambda: _spill_metrics(url)["records"] == CALLS_WHILE_AWAY, 10
+            ), _spill_metrics(url)
+            spilling = _spill_metrics(url)
+            assert spilling["episodes_total"] == 1
+            assert spilling["bytes"] == _spill_bytes(settings) > 0
             private_nats.start()
             # The same gateway process, never restarted, replays what it holds.
             assert localstack.wait_until(lambda: stored() == CALLS_WHILE_AWAY, 90), gateway.log()[
@@ -148,8 +160,51 @@ def test_a_running_gateway_delivers_what_it_spilled_once_nats_returns(
             assert localstack.wait_until(lambda: _spilled(settings) == 0, 30)
             assert gateway.process is not None
             assert gateway.process.poll() is None  # still the first process
+            # Then acme is told, on the bus that was away: one capture.spilled for the episode.
+            told = _capture_spilled(settings, "acme")
+            assert (told.samples, told.refused) == (CALLS_WHILE_AWAY, 0)
+            assert told.bytes >= spilling["bytes"] - 100 * CALLS_WHILE_AWAY  # lines' envelope
+            assert told.started_at < told.ended_at
+            assert 0 < told.max_backlog_fraction < 0.01  # of the 1 GiB default cap
+            assert _spill_metrics(url) == {"bytes": 0, "records": 0, "episodes_total": 1}
         finally:
             gateway.stop()
+
+
+def _spill_metrics(url: str) -> dict[str, int]:
+    """The spill file's gauges and episodes on the service's /metrics."""
+    text = httpx.get(f"{url}/metrics").text
+    found = re.findall(r"^tuneloop_capture_spill_(bytes|records|episodes_total)\S* (\S+)$",
+                       text, flags=re.MULTILINE)  # fmt: skip
+    return {name: int(float(value)) for name, value in found}
+
+
+def _spill_bytes(settings: Settings) -> int:
+    spill_dir = settings.app.data_dir / "ingest"
+    return sum(p.stat().st_size for p in spill_dir.glob("capture-spill.jsonl*"))
+
+
+def _capture_spilled(settings: Settings, tenant: str, timeout_s: float = 20.0) -> CaptureSpilled:
+    """The tenant's capture.spilled, read from its stream as an integrator would."""
+
+    async def read() -> CaptureSpilled:
+        connection = await nats.connect(settings.nats.url)
+        try:
+            js = connection.jetstream()
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    message = await js.get_last_msg(
+                        CAPTURE.name, CaptureSpilled.subject_for(tenant)
+                    )
+                    return CaptureSpilled.model_validate_json(message.data)
+                except nats.js.errors.NotFoundError:
+                    assert time.monotonic() < deadline, "no capture.spilled"
+                    await asyncio.sleep(0.2)
+        finally:
+            await connection.close()
+
+    return asyncio.run(read())
 
 
 def _fidelity(url: str, auth: dict[str, str]) -> dict[str, Any]:

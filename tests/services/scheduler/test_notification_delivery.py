@@ -22,7 +22,7 @@ from services.scheduler.notifications import outbox, rules
 from services.scheduler.notifications.notifier import Notifier
 from services.scheduler.notifications.schemas import Delivery, Rule, RuleCreate
 from shared.db import session_scope, utcnow
-from shared.events import Event, JobFailed, TrainingBudgetThresholdReached
+from shared.events import CaptureSpilled, Event, JobFailed, TrainingBudgetThresholdReached
 from tests.fakes.webhook_receiver import Receiver, running_receiver, verify
 from tests.plugins.infra import free_port
 
@@ -219,6 +219,45 @@ async def test_a_fact_reaches_each_matching_rule_of_its_tenant_once(
     assert len(_deliveries(notifier.engine, mine)) == 1
     assert _deliveries(notifier.engine, filtered) == []  # the job has no suffix "support"
     assert _deliveries(notifier.engine, theirs) == []
+
+
+async def test_a_spill_episode_reaches_the_rules_of_the_tenants_it_names(
+    notifier: Notifier, receiver: Receiver
+) -> None:
+    acme = _rule(notifier.engine, receiver.answer(_path("spill-acme")), events=["capture.spilling"])
+    other = _rule(notifier.engine, receiver.answer(_path("spill-jobs")), events=["job.failed"])
+    globex = _rule(
+        notifier.engine,
+        receiver.answer(_path("spill-globex")),
+        tenant="globex",
+        events=["capture.spilling"],
+    )
+    now = utcnow()
+    spilled = CaptureSpilled(
+        tenant="acme",
+        started_at=now - timedelta(seconds=40),
+        ended_at=now,
+        samples=5,
+        bytes=9000,
+        max_backlog_fraction=0.001,
+    )
+    await notifier.on_event(spilled)
+    await notifier.on_event(spilled)  # the same episode published twice: one delivery
+
+    delivery = await _until_settled(notifier, acme)
+    assert (delivery.event, delivery.status) == ("capture.spilling", "delivered")
+    (request,) = receiver.at(_path("spill-acme"))
+    assert acme.secret is not None
+    verify(acme.secret, request.headers, request.body)
+    body = request.json()
+    assert (body["type"], body["tenant"], body["data"]["samples"]) == (
+        "capture.spilling",
+        "acme",
+        5,
+    )
+    assert body["title"] == "Capture held 5 of your samples back for 40 s"
+    assert _deliveries(notifier.engine, other) == []
+    assert _deliveries(notifier.engine, globex) == []  # its samples were not in this one
 
 
 def _running_job(engine: Engine, job_id: str, *, silent_for: timedelta, suffix: str | None) -> None:

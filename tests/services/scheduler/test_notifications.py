@@ -18,6 +18,7 @@ from services.scheduler.notifications.rules import RuleError, check_url
 from services.scheduler.notifications.schemas import RuleCreate
 from shared.events import (
     CanaryFailed,
+    CaptureSpilled,
     DeploymentFailed,
     DeploymentRolledBack,
     EvalDecided,
@@ -55,6 +56,18 @@ def _budget(percent: int) -> TrainingBudgetThresholdReached:
         cap=10.0,
         period_start=datetime(2026, 12, 1, tzinfo=UTC),
         resets_at=datetime(2027, 1, 1, tzinfo=UTC),
+    )
+
+
+def _spilled(tenant: str = "acme", refused: int = 0) -> CaptureSpilled:
+    return CaptureSpilled(
+        tenant=tenant,
+        started_at=NOW - timedelta(minutes=7),
+        ended_at=NOW,
+        samples=120,
+        bytes=480_000,
+        refused=refused,
+        max_backlog_fraction=0.42,
     )
 
 
@@ -349,3 +362,41 @@ def test_what_is_retried_and_when() -> None:
     assert retry_after("Mon, 07 Dec 2026 10:01:30 GMT", NOW) == 90
     assert retry_after("soon", NOW) is None
     assert retry_after(None, NOW) is None
+
+
+def test_a_spill_episode_is_an_alert_for_the_tenants_whose_samples_waited() -> None:
+    alert = alert_of(_spilled())
+    assert alert is not None
+    assert (alert.event, alert.tenant, alert.title) == (
+        "capture.spilling",
+        "acme",
+        "Capture held 120 of your samples back for 7 min",
+    )
+    assert dict(alert.facts) == {
+        "Samples delayed": "120",
+        "Samples lost": "0",
+        "Lasted": "7 min",
+        "Spill file at most": "42% full",
+    }
+    assert "None were lost" in alert.text
+    assert alert.data["max_backlog_fraction"] == 0.42
+    lost = alert_of(_spilled(refused=3))
+    assert lost is not None
+    assert "3 were refused at the spill file's cap" in lost.text
+
+    assert matches(_rule(events=["capture.spilling"]), alert)
+    assert not matches(_rule(events=["job.failed"]), alert)
+    # Neither filter applies to it: a rule's served-name filter holds back other facts only.
+    mixed = _rule(
+        events=["deployment.unhealthy", "capture.spilling"], filter={"served_name": "support"}
+    )
+    assert matches(mixed, alert)
+    assert _rule(events=["capture.spilling"]).incoherence() is None
+    only = _rule(events=["capture.spilling"], filter={"suffix": "x"}).incoherence()
+    assert only is not None
+    assert only[0] == "filter.suffix"
+
+    body = json.loads(
+        bodies.render("json", alert, message_id="msg_1", rule_id="nr_1", rule_name="on-call")
+    )
+    assert (body["type"], body["data"]["samples"]) == ("capture.spilling", 120)

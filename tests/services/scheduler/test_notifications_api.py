@@ -23,6 +23,7 @@ from shared import bus, db, localstack
 from shared.db import session_scope, utcnow
 from shared.events import (
     CanaryFailed,
+    CaptureSpilled,
     DeploymentRolledBack,
     EvalDecided,
     Event,
@@ -295,6 +296,28 @@ def test_bus_facts_reach_the_tenants_rules_signed_as_json_or_slack(stack: Stack)
     metrics = httpx.get(f"http://127.0.0.1:{stack.settings.services.scheduler_port}/metrics").text
     assert 'tuneloop_alerts_total{event="job.failed"' in metrics
     assert "tuneloop_notification_deliveries_total{" in metrics
+
+
+def test_a_spill_episode_on_the_bus_reaches_the_rules_of_its_tenant(stack: Stack) -> None:
+    rule = stack.rule(
+        "acme:write", url=stack.receiver.answer("/spill"), events=["capture.spilling"]
+    )
+    now = utcnow()
+    episode = {"started_at": now - timedelta(minutes=3), "ended_at": now, "bytes": 4000}
+    _publish(
+        stack.settings,
+        CaptureSpilled(tenant="acme", samples=9, max_backlog_fraction=0.01, **episode),
+        CaptureSpilled(tenant="globex", samples=2, max_backlog_fraction=0.01, **episode),
+    )
+    (request,) = stack.receiver.wait_for("/spill", 1)
+    verify(rule["secret"], request.headers, request.body)
+    body = request.json()
+    assert (body["type"], body["tenant"], body["data"]["samples"]) == (
+        "capture.spilling",
+        "acme",
+        9,
+    )
+    assert body["title"] == "Capture held 9 of your samples back for 3 min"
 
 
 def test_the_scheduler_finds_a_budget_percentage_publishes_it_and_delivers_it(stack: Stack) -> None:
