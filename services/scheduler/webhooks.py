@@ -161,7 +161,7 @@ class ReportReceiver:
             job.id,
             f"Step {report.step}/{report.total_steps}: training loss={report.loss:.4f}",
             report.report_id,
-            {"step": report.step, "train_loss": report.loss, "learning_rate": report.learning_rate},
+            _metrics(report),
         )
 
     def _note(
@@ -266,3 +266,15 @@ def _resume_warning(report: StartedReport) -> str:
 
 def _dir_name(uri: str) -> str:
     return uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _metrics(report: ProgressReport) -> dict[str, float]:
+    """A step's metrics event's `data`: OpenAI's step, loss and learning rate, and where the run
+    stands (total steps, the trainer's ETA) when the report says, so a client can show progress
+    without reading the job's plan."""
+    data = {"step": report.step, "train_loss": report.loss, "learning_rate": report.learning_rate}
+    if report.total_steps is not None:
+        data["total_steps"] = report.total_steps
+    if report.eta_s is not None:
+        data["eta_s"] = round(report.eta_s, 1)
+    return data

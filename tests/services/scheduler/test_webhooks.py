@@ -27,6 +27,7 @@ from shared.reports import (
     CheckpointSavedReport,
     CompletedReport,
     FailedReport,
+    ProgressReport,
     SkippedCheckpoint,
     StartedReport,
     TrainerReport,
@@ -120,6 +121,27 @@ async def test_started_runs_the_job_once_however_often_it_is_sent(
         assert [e.message for e in events if "started" in e.message] == [
             "Training started on cpu (40 steps)"
         ]
+
+
+async def test_a_steps_metrics_event_says_where_the_run_stands(
+    receiver: ReportReceiver, published: list[Event], engine: Engine
+) -> None:
+    started = StartedReport(
+        seq=0, world_size=1, total_steps=40, device="cpu", method="lora", **COMMON
+    )
+    await receiver.receive("ftjob-w", *_signed(started))
+    report = ProgressReport(
+        seq=1, step=10, total_steps=40, epoch=0.5, loss=0.75, learning_rate=2e-4, eta_s=31.26,
+        **COMMON,
+    )  # fmt: skip
+    await receiver.receive("ftjob-w", *_signed(report))
+    with session_scope(engine) as session:
+        events, _ = jobs.events(session, job_id="ftjob-w", after=None, limit=10)
+    (step,) = [e for e in events if e.type == "metrics"]
+    assert step.message == "Step 10/40: training loss=0.7500"
+    assert step.data == {
+        "step": 10, "train_loss": 0.75, "learning_rate": 2e-4, "total_steps": 40, "eta_s": 31.3
+    }  # fmt: skip
 
 
 async def test_checkpoints_the_trainer_could_not_resume_from_become_one_warning(
