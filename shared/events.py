@@ -635,7 +635,11 @@ class DeploymentReady(DeploymentEvent):
     engine's OpenAI base URL (`http://host:port/v1`, what an SDK takes as base_url).
 
     v2: the registry version it serves (`version_id`), which the gateway tags captured answers
-    with. The engine answers to `served_model_name` itself: the gateway rewrites no body."""
+    with. The engine answers to `served_model_name` itself: the gateway rewrites no body.
+
+    The hoster also re-announces every live deployment now and then (`cold`: one unloaded for
+    idling, whose next call wakes it), so a gateway that starts after the stream's retention
+    dropped the first announcement still routes it."""
 
     event_name = "deployment.ready"
     event_version = 2
@@ -643,6 +647,7 @@ class DeploymentReady(DeploymentEvent):
     served_model_name: str
     endpoint_url: str
     version_id: str | None = None
+    cold: bool = False
 
 
 class DeploymentFailed(DeploymentEvent):

@@ -26,6 +26,9 @@ class HosterSettings(BaseSettings):
     # A deployment no call reached for this long is unloaded (its adapter, and its engine once
     # nothing else is on it) and goes `cold` until it is woken; pinned ones stay. 0: never.
     idle_unload_s: float = Field(default=1800.0, ge=0)
+    # Every live deployment and served name is published again this often, well inside the
+    # deployments stream's retention, so a gateway started later still routes them (announce.py).
+    announce_interval_s: float = Field(default=21_600.0, gt=0)
     # The share of a served name's calls a new auto-deployed version gets as its canary.
     canary_percent: float = Field(default=10.0, gt=0, le=100)
     # Torch threads per engine (OMP_NUM_THREADS): on 2 cores the eval engine and the trainer

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine as Database
 
-from services.hoster import artifacts, registry, upkeep
+from services.hoster import announce, artifacts, registry, upkeep
 from services.hoster.config import HosterSettings
 from services.hoster.deployments import Deployments
 from services.hoster.engines import EngineSpec, LoraEngine
@@ -86,9 +86,19 @@ class Hoster:
         for deployment_id in await asyncio.to_thread(upkeep.recover, self.deployments):
             log.info("deployment %s: its engine is gone; starting it again", deployment_id)
             self.launch(deployment_id)
-        watcher = asyncio.create_task(self.watch(), name="deployment watchdog")
-        self._tasks.add(watcher)
-        watcher.add_done_callback(self._tasks.discard)
+        for loop, name in ((self.watch(), "deployment watchdog"), (self.announce(), "announcer")):
+            task = asyncio.create_task(loop, name=name)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def announce(self) -> None:
+        """Tell the bus again what serves, every `announce_interval_s` (announce.py says why)."""
+        while True:
+            await asyncio.sleep(self.settings.announce_interval_s)
+            try:
+                await self._publish_all(await asyncio.to_thread(announce.live_state, self.database))
+            except Exception:  # the database or NATS away: tried again next round
+                log.exception("re-announcing the deployments failed")
 
     async def watch(self) -> None:
         """Start again the engines of ready deployments that died (a crash, an OOM kill); a

@@ -122,6 +122,7 @@ def build_router(
             deployment_id=event.deployment_id,
             endpoint_url=event.endpoint_url,
             version_id=event.version_id,
+            cold=event.cold,
         )
         log.info(
             "routing %s of tenant %s to deployment %s (version %s)",

@@ -185,14 +185,19 @@ class RoutingTable:
         deployment_id: str,
         endpoint_url: str,
         version_id: str | None = None,
+        cold: bool = False,
     ) -> None:
-        self.cold.discard(deployment_id)
-        if deployment_id not in self.stopped:
-            # An engine's OpenAI base URL ends in /v1, as an SDK's does; the gateway sends the
-            # caller's own path (/v1/chat/completions) to the server's root, as for upstreams.
-            root = endpoint_url.rstrip("/").removesuffix("/v1")
-            deployed = Deployed(deployment_id, root, version_id)
-            self.deployments[(tenant, served_model_name)] = deployed
+        if deployment_id in self.stopped:
+            return
+        # A re-announcement says whether it is cold now; a first announcement is a warm engine.
+        if cold:
+            self.cold.add(deployment_id)
+        else:
+            self.cold.discard(deployment_id)
+        # An engine's OpenAI base URL ends in /v1, as an SDK's does; the gateway sends the
+        # caller's own path (/v1/chat/completions) to the server's root, as for upstreams.
+        root = endpoint_url.rstrip("/").removesuffix("/v1")
+        self.deployments[(tenant, served_model_name)] = Deployed(deployment_id, root, version_id)
 
     def mark_cold(self, deployment_id: str) -> None:
         if deployment_id not in self.stopped:

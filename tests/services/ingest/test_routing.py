@@ -117,3 +117,20 @@ def test_an_engines_openai_base_url_is_routed_at_its_root() -> None:
     route = table.resolve("openai", "ft:b::j", "acme")
     assert route is not None
     assert route.base_url == "http://127.0.0.1:41591"
+
+
+def test_a_re_announced_deployment_is_routed_as_it_is_now_warm_or_cold() -> None:
+    # A gateway that starts after the stream dropped the first announcement learns a deployment
+    # from the hoster's re-announcement, which says whether it is cold (woken on its next call).
+    table = RoutingTable([OPENAI_A])
+    table.add_deployment(tenant="acme", served_model_name="ft:b::j", deployment_id="dep-c",
+                         endpoint_url="http://127.0.0.1:9003/v1", cold=True)  # fmt: skip
+    route = table.resolve("openai", "ft:b::j", "acme")
+    assert route is not None
+    assert table.is_cold(route)
+    # Woken since: the next announcement is of a warm engine.
+    table.add_deployment(tenant="acme", served_model_name="ft:b::j", deployment_id="dep-c",
+                         endpoint_url="http://127.0.0.1:9004/v1")  # fmt: skip
+    route = table.resolve("openai", "ft:b::j", "acme")
+    assert route is not None
+    assert (table.is_cold(route), route.base_url) == (False, "http://127.0.0.1:9004")
