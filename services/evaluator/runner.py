@@ -1,6 +1,6 @@
 """A job's evaluation, moved on by each event about it: the base score, each due checkpoint in step
-order (after each, the overfit rule: overfit.py), then the decision (the top checkpoints re-scored
-on the whole eval split first: rescoring.py) and giving the engine back.
+order (after each, the overfit rule: overfit.py), then the decision (deciding.py: the top
+checkpoints re-scored on the whole eval split first) and giving the engine back.
 
 Every event first records its fact (the plan, a saved checkpoint, where training ended), then
 calls `advance`, which does whatever is due and not done yet, one job at a time in this process.
@@ -20,15 +20,15 @@ from dataclasses import asdict
 
 from sqlalchemy.engine import Engine as DbEngine
 
-from services.evaluator import decision, overfit, records, rescoring, scoring, serving_baseline
+from services.evaluator import decision, overfit, records, scoring
+from services.evaluator.deciding import Decider
 from services.evaluator.engine_client import (
     Engine,
     HosterClient,
     HosterRefused,
-    Serving,
     generate,
 )
-from services.evaluator.judging import Choice, Judging, deterministic_grader
+from services.evaluator.judging import Judging
 from services.evaluator.models import BASE_STEP, EvalJobRow, EvalPointRow
 from services.evaluator.subset import EvalItem, SubsetError, build_subset
 from shared.events import (
@@ -36,7 +36,6 @@ from shared.events import (
     BestCheckpointChanged,
     CheckpointSaved,
     EvalCompleted,
-    EvalDecided,
     Event,
     JobEarlyStopRequested,
     JobPlanned,
@@ -58,11 +57,6 @@ class PlanNotKnown(RuntimeError):
 def outputs_key(tenant: str, job_id: str, step: int, part: str = "") -> str:
     name = "base" if step == BASE_STEP else f"step-{step:08d}"
     return f"tenants/{tenant}/jobs/{job_id}/evals/{name}{part}.jsonl"
-
-
-def serving_key(tenant: str, job_id: str, version: str) -> str:
-    """Where the serving version's answers to the job's items are kept."""
-    return f"tenants/{tenant}/jobs/{job_id}/evals/serving-{version}.jsonl"
 
 
 def _same_tenant(job: EvalJobRow | None, tenant: str) -> None:
@@ -89,10 +83,13 @@ class Evaluator:
         self.db, self.store, self.hoster, self.publish = db, store, hoster, publish
         self.concurrency, self.request_timeout_s = concurrency, request_timeout_s
         self.overfit_rule = overfit_rule or overfit.Rule()
-        self.rescore_top, self.rescore_max_items = rescore_top, rescore_max_items
-        self.serving_margin = serving_margin
         self._locks: dict[str, asyncio.Lock] = {}
         self.judging = judging  # the LLM judge (judging.py); None: deterministic graders only
+        self.decider = Decider(
+            db=db, store=store, hoster=hoster, publish=publish, judging=judging, answer=self.answer,
+            engine_for=self._engine, rescore_top=rescore_top,
+            rescore_max_items=rescore_max_items, serving_margin=serving_margin,
+        )  # fmt: skip
 
     # --- facts ------------------------------------------------------------------------------
 
@@ -181,15 +178,21 @@ class Evaluator:
         while True:
             await self._stop_if_overfitting(job)
             last_step = job.last_step if job.last_step is not None else job.steps
+            rows = await asyncio.to_thread(records.points, self.db, job.job_id)
             pending = [
                 p
-                for p in await asyncio.to_thread(records.points, self.db, job.job_id)
+                for p in rows
                 if not p.published
                 and decision.is_due(p.step, eval_every=job.eval_every, last_step=last_step)
             ]
             if not pending:
                 return
             point = pending[0]  # in step order
+            # Events saved at once overtake each other: an earlier step on the cadence not
+            # recorded yet is on its way, and goes first (the decision waits for it anyway).
+            recorded = {p.step for p in rows}
+            if any(s not in recorded for s in range(job.eval_every, point.step, job.eval_every)):
+                return
             if point.score is None:
                 await self._score_point(job, point)
             await self._publish_point(job, point.step)
@@ -205,7 +208,7 @@ class Evaluator:
             job.engine_id = engine.engine_id
         return engine
 
-    async def _run(
+    async def answer(
         self,
         job: EvalJobRow,
         base_url: str,
@@ -240,7 +243,7 @@ class Evaluator:
 
     async def _score_base(self, job: EvalJobRow) -> None:
         engine = await self._engine(job)
-        results, score, uri = await self._run(
+        results, score, uri = await self.answer(
             job, engine.base_url, engine.base_model_name, BASE_STEP
         )
         await asyncio.to_thread(
@@ -273,7 +276,7 @@ class Evaluator:
             engine.engine_id, uri=point.checkpoint_uri, step=point.step
         )
         started = time.monotonic()
-        results, score, uri = await self._run(job, engine.base_url, model, point.step)
+        results, score, uri = await self.answer(job, engine.base_url, model, point.step)
         duration = time.monotonic() - started
         scored = await self._scores(job.job_id)
         before = decision.best_of({s: v for s, v in scored.items() if s != point.step})
@@ -369,142 +372,15 @@ class Evaluator:
         if job.last_step is None:
             return  # training has not ended
         if job.decision is None:
-            made = await self._decision(job)
+            made = await self.decider.decide(job)
             if made is None:
                 return  # a planned point is not scored yet
             document = json.dumps(asdict(made)).encode()
             await asyncio.to_thread(records.update_job, self.db, job.job_id, decision=document)
             job.decision = document
         if not job.decision_published:
-            await self._publish_decision(job)
+            await self.decider.publish(job)
         await self._close(job)
-
-    async def _decision(self, job: EvalJobRow) -> decision.Decision | None:
-        assert job.last_step is not None
-        rows = {p.step: p for p in await asyncio.to_thread(records.points, self.db, job.job_id)}
-        last_uri = job.last_checkpoint_uri or (
-            rows[job.last_step].checkpoint_uri if job.last_step in rows else job.artifact_uri or ""
-        )
-        evaluated = job.eval_every > 0 and job.eval_error is None
-        planned = decision.planned_steps(
-            eval_every=job.eval_every, last_step=job.last_step, last_saved=job.last_step in rows
-        )
-        if evaluated and any(s not in rows or not rows[s].published for s in planned):
-            return None
-        scores = {s: p.score for s, p in rows.items() if s in planned and p.score is not None}
-        kind: TaskKind = job.task_kind  # type: ignore[assignment]
-        uris = {s: p.checkpoint_uri for s, p in rows.items()}
-        # A judged job: the judge chooses only while it is trusted (judging.choose); else the
-        # deterministic scores of the same answers do, re-scored on the whole split as theirs.
-        choice = None
-        if self.judging is not None and evaluated:
-            choice = await self.judging.choose(job, scores)
-        chosen = choice.scores if choice is not None else scores
-        rescored = await self._rescored(job, chosen, uris, choice) if evaluated else None
-        made = decision.decide(
-            kind=kind,
-            eval_every=job.eval_every,
-            scores=chosen if evaluated else {},
-            uris=uris,
-            base_score=choice.base_score if choice is not None else job.base_score,
-            last_step=job.last_step,
-            last_uri=last_uri,
-            no_eval_reason=job.eval_error,
-            rescored=rescored,
-        )
-        if self.judging is not None and choice is not None:
-            made = self.judging.settle(made, choice)
-        return await serving_baseline.against_serving(
-            self.db, self.store, self.hoster, job, made,
-            margin=self.serving_margin, max_items=self.rescore_max_items,
-            score=lambda serving, items: self._score_serving(job, serving, items),
-        )  # fmt: skip
-
-    async def _score_serving(
-        self, job: EvalJobRow, serving: Serving, items: list[EvalItem]
-    ) -> tuple[list[scoring.ItemResult], str]:
-        """The serving version's answers to `items`, graded as the job's: its checkpoint loaded
-        in the job's eval engine (another base's engine for a version of another base, given
-        back after), or the base itself when a catalogue base is what serves."""
-        base = serving.base_model or serving.model
-        own = base == job.base_model
-        engine = (
-            await self._engine(job)
-            if own
-            else await self.hoster.engine(tenant=job.tenant, job_id=job.job_id, base_model=base)
-        )
-        try:
-            if serving.version_id is None:
-                model = engine.base_model_name
-            elif serving.checkpoint_uri is None:
-                raise HosterRefused(f"version {serving.version_id} has no checkpoint URI")
-            else:
-                model = await self.hoster.load_checkpoint(
-                    engine.engine_id, uri=serving.checkpoint_uri, step=0,
-                    version_id=serving.version_id,
-                )  # fmt: skip
-            key = serving_key(job.tenant, job.job_id, serving.version_id or serving.model)
-            results, _, uri = await self._run(job, engine.base_url, model, 0, items, key=key)
-        finally:
-            if not own:
-                await self.hoster.delete(engine.engine_id)
-        return results, uri
-
-    async def _rescored(
-        self,
-        job: EvalJobRow,
-        scores: dict[int, float],
-        uris: dict[int, str],
-        choice: Choice | None,
-    ) -> decision.Rescored | None:
-        """The top checkpoints re-scored on the whole eval split (rescoring.py), on the scores
-        that choose: a judged job's fallback grades the rest deterministically, asking no judge."""
-        by_judge = choice is not None and choice.by_judge
-        fell_back = choice is not None and not choice.by_judge
-
-        async def score_rest(step: int, items: list[EvalItem]) -> tuple[list[float], str]:
-            engine = await self._engine(job)
-            model = await self.hoster.load_checkpoint(engine.engine_id, uri=uris[step], step=step)
-            results, _, uri = await self._run(
-                job, engine.base_url, model, step, items, "-rest", judged=by_judge
-            )
-            return rescoring.verdict_scores((r.score, r.detail) for r in results), uri
-
-        return await rescoring.rescore(
-            self.db, self.store, job, scores,
-            top=self.rescore_top, max_items=self.rescore_max_items, score_rest=score_rest,
-            grader=rescoring.JUDGE if by_judge else rescoring.DETERMINISTIC,
-            grader_words=f"deterministic {deterministic_grader(job.task_kind)}" if fell_back else "",
-        )  # fmt: skip
-
-    async def _publish_decision(self, job: EvalJobRow) -> None:
-        assert job.decision is not None
-        made = json.loads(job.decision)
-        await self.publish(
-            EvalDecided(
-                event_id=f"eval-{job.job_id}-decided",
-                tenant=job.tenant,
-                job_id=job.job_id,
-                base_model=job.base_model,
-                fine_tuned_model=job.fine_tuned_model,
-                dataset_id=job.dataset_id,
-                dataset_version=job.dataset_version,
-                best_step=made["best_step"],
-                best_checkpoint_uri=made["best_checkpoint_uri"],
-                best_score=made["best_score"],
-                base_score=made["base_score"],
-                scores={int(s): v for s, v in made["scores"].items()},
-                gate=made["gate"],
-                gate_reason=made["gate_reason"],
-                auto_deploy=job.auto_deploy,
-                serving_version_id=made.get("serving_version_id"),
-                serving_score=made.get("serving_score"),
-                beats_serving=made.get("beats_serving"),
-            )
-        )
-        await asyncio.to_thread(records.update_job, self.db, job.job_id, decision_published=True)
-        job.decision_published = True
-        log.info("job %s: decided step %s, gate %s", job.job_id, made["best_step"], made["gate"])
 
     async def _close(self, job: EvalJobRow) -> None:
         if job.engine_id is not None:

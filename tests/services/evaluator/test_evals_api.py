@@ -2,11 +2,11 @@
 (evals_stack.py: ingest as the gateway, the evaluator, nats-server, SeaweedFS, SQLite; only the
 OpenAI upstream is a fake). Results are checked exactly; bad input is refused naming the field;
 another tenant sees nothing and a read key changes nothing; a cancel stops a run whose calls are
-in flight; after a restart of the evaluator process each run goes on with a key of its own (the
-caller's is never stored), and one whose caller's key was revoked meanwhile stops.
+in flight.
 
 The main flow (five items graded by four criteria, an uploaded file, the calls captured with
-their tag) is test_evals_sdk.py's; versions side by side test_evals_compare.py's.
+their tag) is test_evals_sdk.py's; versions side by side test_evals_compare.py's; a restart of
+the evaluator mid-run test_evals_restart.py's.
 """
 
 from __future__ import annotations
@@ -16,16 +16,26 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
 from shared import localstack
 from shared.settings import Settings
 from tests.plugins.infra import RunningProcess
+from tests.services.evaluator.evals_calls import (
+    CONFIG,
+    JUDGE,
+    built_dataset,
+    inline,
+    jsonl_run,
+    judged_eval,
+    output_items,
+    refusal,
+    template,
+    verdict,
+)
 from tests.services.evaluator.evals_stack import (
     CRITERIA,
-    ITEM_SCHEMA,
     QUESTIONS,
     Stack,
     completions_run,
@@ -36,20 +46,6 @@ from tests.services.evaluator.evals_stack import (
 )
 
 MAX_ITEMS = 40  # TUNELOOP_EVALUATOR_EVALS_MAX_ITEMS of this module's evaluator
-CHUNK = 32  # runs.py stores a run's items max(32, 4 x EVALS_CONCURRENCY) at a time
-JUDGE = "gpt-4o-judge"
-CONFIG = {"type": "custom", "item_schema": ITEM_SCHEMA, "include_sample_schema": True}
-
-
-def _verdict(messages: list[dict[str, Any]]) -> str:
-    """The judge: Paris is correct (0.9), anything else a 0.4, a garbled answer garbled twice."""
-    conversation = json.dumps(messages)
-    if "garbled" in conversation:
-        return "I think it is fine"
-    if any('{"label"' in m["content"] for m in messages):
-        label = "correct" if "Paris" in conversation else "incorrect"
-        return json.dumps({"label": label, "assessment": "checked against the reference"})
-    return json.dumps({"score": 0.9 if "Paris" in conversation else 0.4, "assessment": "close"})
 
 
 @pytest.fixture(scope="module")
@@ -61,56 +57,17 @@ def stack(
 ) -> Iterator[Stack]:
     limit = {"TUNELOOP_EVALUATOR_EVALS_MAX_ITEMS": str(MAX_ITEMS)}
     with running(tmp_path_factory.mktemp("evals-api"), stack_settings, limit) as started:
-        started.upstream.judges[JUDGE] = _verdict
+        started.upstream.judges[JUDGE] = verdict
         yield started
-
-
-def _auth(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def _template(*messages: tuple[str, str]) -> dict[str, Any]:
-    return {"type": "template", "template": [{"role": r, "content": c} for r, c in messages]}
-
-
-def _inline(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"type": "file_content", "content": rows}
-
-
-def _jsonl(client: openai.OpenAI, eval_id: str, rows: list[dict[str, Any]]) -> Any:
-    return client.evals.runs.create(eval_id, data_source={"type": "jsonl", "source": _inline(rows)})
-
-
-def _judged_eval(client: openai.OpenAI) -> str:
-    messages = [{"role": "user", "content": "Question: {{item.question}} Reference: "
-                 "{{item.answer}} Answer: {{sample.output_text}}"}]  # fmt: skip
-    criteria: list[Any] = [
-        {"type": "label_model", "name": "right", "model": JUDGE, "input": messages,
-         "labels": ["correct", "incorrect"], "passing_labels": ["correct"]},
-        {"type": "score_model", "name": "quality", "model": JUDGE, "input": messages,
-         "range": [0, 1], "pass_threshold": 0.5},
-    ]  # fmt: skip
-    return client.evals.create(data_source_config=CONFIG, testing_criteria=criteria).id
-
-
-def _refusal(call: Callable[[], object]) -> tuple[int, str | None, str]:
-    """The status, OpenAI's `param` and the message of the error `call` raises."""
-    with pytest.raises(openai.APIStatusError) as caught:
-        call()
-    return caught.value.status_code, caught.value.param, caught.value.message
-
-
-def _items(client: openai.OpenAI, eval_id: str, run_id: str, **params: Any) -> list[Any]:
-    return client.evals.runs.output_items.list(run_id, eval_id=eval_id, limit=100, **params).data
 
 
 @pytest.mark.slow
 def test_the_prompt_sent_and_the_usage_counted_exactly(stack: Stack) -> None:
     client, model = stack.client, "gpt-4o-prompted"
     eval_id = create_eval(client)
-    prompt = _template(("developer", "Answer in one word."), ("user", "Q: {{item.question}}"))
+    prompt = template(("developer", "Answer in one word."), ("user", "Q: {{item.question}}"))
     run = client.evals.runs.create(eval_id, data_source={
-        "type": "completions", "model": model, "source": _inline([{"item": q} for q in QUESTIONS]),
+        "type": "completions", "model": model, "source": inline([{"item": q} for q in QUESTIONS]),
         "input_messages": prompt,
         "sampling_params": {"temperature": 0, "max_completion_tokens": 16, "seed": 7}})  # fmt: skip
     done = until_done(client, eval_id, run.id)
@@ -129,7 +86,7 @@ def test_the_prompt_sent_and_the_usage_counted_exactly(stack: Stack) -> None:
     ]
     assert (first["temperature"], first["max_completion_tokens"], first["seed"]) == (0, 16, 7)
 
-    items = _items(client, eval_id, run.id)
+    items = output_items(client, eval_id, run.id)
     paris, refused = items[0], items[4]
     assert paris.sample.to_dict()["output"] == [{"role": "assistant", "content": "Paris"}]
     assert paris.sample.to_dict()["input"][1] == {
@@ -139,9 +96,11 @@ def test_the_prompt_sent_and_the_usage_counted_exactly(stack: Stack) -> None:
     assert refused.datasource_item == QUESTIONS[4]
     one = client.evals.runs.output_items.retrieve(paris.id, eval_id=eval_id, run_id=run.id)
     assert one.to_dict() == paris.to_dict()
-    assert [i.datasource_item_id for i in _items(client, eval_id, run.id, status="fail")] == [
+    assert [i.datasource_item_id for i in output_items(client, eval_id, run.id, status="fail")] == [
         1, 2, 3]  # fmt: skip
-    assert [i.datasource_item_id for i in _items(client, eval_id, run.id, status="error")] == [4]
+    assert [
+        i.datasource_item_id for i in output_items(client, eval_id, run.id, status="error")
+    ] == [4]
 
 
 @pytest.mark.slow
@@ -153,7 +112,7 @@ def test_jsonl_runs_from_content_and_a_file_and_a_run_over_a_datasets_eval_split
     calls = len(stack.upstream.requests)
     given = [{"item": QUESTIONS[0], "sample": {"output_text": "Paris"}},
              {"item": QUESTIONS[2], "sample": {"output_text": "Jupiter"}}]  # fmt: skip
-    done = until_done(client, eval_id, _jsonl(client, eval_id, given).id)
+    done = until_done(client, eval_id, jsonl_run(client, eval_id, given).id)
     assert done.result_counts.model_dump() == {"total": 2, "passed": 2, "failed": 0, "errored": 0}
     assert done.model is None
     assert len(stack.upstream.requests) == calls  # no model is called for a jsonl run
@@ -163,7 +122,7 @@ def test_jsonl_runs_from_content_and_a_file_and_a_run_over_a_datasets_eval_split
     body = "".join(json.dumps(line) + "\n" for line in lines).encode()
     uploaded = client.files.create(file=("items.jsonl", io.BytesIO(body)), purpose="samples")
     file_run = {"type": "jsonl", "source": {"type": "file_id", "id": uploaded.id}}
-    status, param, message = _refusal(
+    status, param, message = refusal(
         lambda: client.evals.runs.create(eval_id, data_source=file_run)
     )
     assert (status, param) == (422, "data_source.source.id")
@@ -171,7 +130,7 @@ def test_jsonl_runs_from_content_and_a_file_and_a_run_over_a_datasets_eval_split
 
     # A built dataset's eval split: each sample's turns before the last, and the last as the
     # reference. The dataset is built by ingest from two uploaded fine-tune files.
-    dataset = _dataset(stack)
+    dataset = built_dataset(stack)
     plain = client.evals.create(
         data_source_config={"type": "custom", "item_schema": {"type": "object"},
                             "include_sample_schema": True},
@@ -183,43 +142,11 @@ def test_jsonl_runs_from_content_and_a_file_and_a_run_over_a_datasets_eval_split
         "input_messages": {"type": "item_reference", "item_reference": "item.messages"}})  # fmt: skip
     done = until_done(client, plain, run.id)
     assert done.result_counts.model_dump() == {"total": 1, "passed": 1, "failed": 0, "errored": 0}
-    [item] = _items(client, plain, run.id)
+    [item] = output_items(client, plain, run.id)
     assert item.datasource_item == {
         "messages": [{"role": "user", "content": "What is the capital of France?"}],
         "reference": "Paris",
     }
-
-
-def _dataset(stack: Stack) -> str:
-    """A dataset built by ingest whose eval split is one sample (France, answered Paris)."""
-    client = stack.client
-
-    def upload(name: str, lines: list[tuple[str, str]]) -> str:
-        body = "".join(json.dumps({"messages": [{"role": "user", "content": q},
-                                                {"role": "assistant", "content": a}]}) + "\n"
-                       for q, a in lines).encode()  # fmt: skip
-        file_id = client.files.create(file=(name, io.BytesIO(body)), purpose="fine-tune").id
-        assert localstack.wait_until(
-            lambda: client.files.retrieve(file_id).status == "processed", 30, interval_s=0.2
-        )
-        return file_id
-
-    train = upload("train.jsonl", [("Name a primary colour.", "Red"), ("Say hello.", "Hello")])
-    held_out = upload("eval.jsonl", [("What is the capital of France?", "Paris")])
-    spec = {"name": "capitals", "file_ids": [train], "eval_file_ids": [held_out]}
-    created = httpx.post(f"{stack.url}/v1/datasets", json=spec, headers=_auth(stack.key))
-    assert created.status_code == 202, created.text
-    dataset_id = str(created.json()["id"])
-    found: dict[str, Any] = {}
-
-    def built() -> bool:
-        nonlocal found
-        found = httpx.get(f"{stack.url}/v1/datasets/{dataset_id}", headers=_auth(stack.key)).json()
-        return found["status"] in ("built", "failed")
-
-    assert localstack.wait_until(built, 90, interval_s=0.25), found
-    assert (found["status"], found["eval_count"]) == ("built", 1), found
-    return dataset_id
 
 
 @pytest.mark.slow
@@ -245,11 +172,11 @@ def test_bad_input_is_refused_naming_the_field(stack: Stack) -> None:
             CONFIG, {"type": "python", "name": "p", "source": "def grade(s, i): return 1"}),
     }  # fmt: skip
     for field, call in refused.items():
-        status, param, _ = _refusal(call)
+        status, param, _ = refusal(call)
         assert (status, param) == (422, field)
-    _, _, message = _refusal(create(CONFIG, dict(CRITERIA[0], reference="{{item.answr}}")))
+    _, _, message = refusal(create(CONFIG, dict(CRITERIA[0], reference="{{item.answr}}")))
     assert "no property 'answr'" in message
-    status, param, message = _refusal(create(CONFIG, label))
+    status, param, message = refusal(create(CONFIG, label))
     # The judge's own rule (a passing label among the labels) names the criterion.
     assert (status, param) == (422, "testing_criteria[0]")
     assert "passing_labels" in message
@@ -259,31 +186,31 @@ def test_bad_input_is_refused_naming_the_field(stack: Stack) -> None:
     def run(data_source: dict[str, Any], on: str = eval_id) -> Callable[[], object]:
         return lambda: client.evals.runs.create(on, data_source=data_source)
 
-    not_an_item = {"type": "completions", "model": "gpt-4o-mini", "input_messages": _template(
-        ("user", "{{item.question}}")), "source": _inline([{"item": {"question": 3, "answer": "a"}}])}  # fmt: skip
-    status, param, message = _refusal(run(not_an_item))
+    not_an_item = {"type": "completions", "model": "gpt-4o-mini", "input_messages": template(
+        ("user", "{{item.question}}")), "source": inline([{"item": {"question": 3, "answer": "a"}}])}  # fmt: skip
+    status, param, message = refusal(run(not_an_item))
     assert (status, param) == (422, "data_source.source.content")
     assert "data_source.source.content[0]/question: 3 is not of type" in message
-    no_model = {"type": "completions", "source": _inline([{"item": QUESTIONS[0]}]),
+    no_model = {"type": "completions", "source": inline([{"item": QUESTIONS[0]}]),
                 "input_messages": {"type": "item_reference", "item_reference": "item.question"}}  # fmt: skip
-    assert _refusal(run(no_model))[:2] == (422, "data_source.model")
+    assert refusal(run(no_model))[:2] == (422, "data_source.model")
     one = {"item": QUESTIONS[0], "sample": {"output_text": "x"}}
-    too_many = {"type": "jsonl", "source": _inline([one] * (MAX_ITEMS + 1))}
-    assert _refusal(run(too_many))[:2] == (413, "data_source.source.content")
+    too_many = {"type": "jsonl", "source": inline([one] * (MAX_ITEMS + 1))}
+    assert refusal(run(too_many))[:2] == (413, "data_source.source.content")
     missing = {"type": "jsonl", "source": {"type": "file_id", "id": "file-nope"}}
-    assert _refusal(run(missing))[:2] == (404, "data_source.source.id")
+    assert refusal(run(missing))[:2] == (404, "data_source.source.id")
     responses = {"type": "responses", "source": {"type": "responses"}}
-    assert _refusal(run(responses))[:2] == (422, "data_source.type")
-    assert _refusal(run(too_many, on="eval_nope"))[:2] == (404, "eval_id")
+    assert refusal(run(responses))[:2] == (422, "data_source.type")
+    assert refusal(run(too_many, on="eval_nope"))[:2] == (404, "eval_id")
 
 
 @pytest.mark.slow
 def test_another_tenant_sees_nothing_and_a_read_key_changes_nothing(stack: Stack) -> None:
     client, other = stack.client, stack.other
     eval_id = create_eval(client)
-    run = _jsonl(client, eval_id, [{"item": QUESTIONS[0], "sample": {"output_text": "Paris"}}])
+    run = jsonl_run(client, eval_id, [{"item": QUESTIONS[0], "sample": {"output_text": "Paris"}}])
     until_done(client, eval_id, run.id)
-    [item] = _items(client, eval_id, run.id)
+    [item] = output_items(client, eval_id, run.id)
     for call in (
         lambda: other.evals.retrieve(eval_id),
         lambda: other.evals.update(eval_id, name="theirs"),
@@ -293,7 +220,7 @@ def test_another_tenant_sees_nothing_and_a_read_key_changes_nothing(stack: Stack
         lambda: other.evals.runs.output_items.list(run.id, eval_id=eval_id),
         lambda: other.evals.runs.output_items.retrieve(item.id, eval_id=eval_id, run_id=run.id),
     ):
-        assert _refusal(call)[0] == 404
+        assert refusal(call)[0] == 404
     assert other.evals.list(limit=100).data == []  # the other tenant made none in this module
 
     reader = openai.OpenAI(
@@ -329,8 +256,8 @@ def test_update_list_delete_and_pages(stack: Stack) -> None:
     assert [e.id for e in client.evals.list(order="desc", limit=1).data] == [third]
     deleted = client.evals.delete(first)
     assert deleted.to_dict() == {"object": "eval.deleted", "deleted": True, "eval_id": first}
-    assert _refusal(lambda: client.evals.retrieve(first))[:2] == (404, "eval_id")
-    assert _refusal(lambda: client.evals.list(after=first))[:2] == (404, "after")
+    assert refusal(lambda: client.evals.retrieve(first))[:2] == (404, "eval_id")
+    assert refusal(lambda: client.evals.list(after=first))[:2] == (404, "after")
 
 
 @pytest.mark.slow
@@ -358,12 +285,12 @@ def test_a_cancel_stops_a_run_whose_calls_are_in_flight(stack: Stack) -> None:
         "failed": 0,
         "errored": 0,
     }
-    assert _items(client, eval_id, run.id) == []
+    assert output_items(client, eval_id, run.id) == []
     assert [r.id for r in client.evals.runs.list(eval_id, status="canceled").data] == [run.id]
 
     deleted = client.evals.runs.delete(run.id, eval_id=eval_id)
     assert deleted.to_dict() == {"object": "eval.run.deleted", "deleted": True, "run_id": run.id}
-    assert _refusal(lambda: client.evals.runs.retrieve(run.id, eval_id=eval_id))[:2] == (
+    assert refusal(lambda: client.evals.runs.retrieve(run.id, eval_id=eval_id))[:2] == (
         404, "run_id")  # fmt: skip
 
 
@@ -382,15 +309,15 @@ def test_an_unknown_model_fails_the_run_with_the_gateways_message(stack: Stack) 
 @pytest.mark.slow
 def test_score_model_and_label_model_are_graded_by_the_judge(stack: Stack) -> None:
     client = stack.client
-    eval_id = _judged_eval(client)
+    eval_id = judged_eval(client)
     given = [{"item": QUESTIONS[0], "sample": {"output_text": "Paris"}},
              {"item": QUESTIONS[2], "sample": {"output_text": "Saturn"}},
              {"item": QUESTIONS[1], "sample": {"output_text": "garbled"}}]  # fmt: skip
-    done = until_done(client, eval_id, _jsonl(client, eval_id, given).id)
+    done = until_done(client, eval_id, jsonl_run(client, eval_id, given).id)
     assert done.status == "completed", done
     assert done.result_counts.model_dump() == {"total": 3, "passed": 1, "failed": 1, "errored": 1}
     assert done.to_dict()["judge_errors"] == 1  # the errored item is the judge's
-    paris, saturn, garbled = _items(client, eval_id, done.id)
+    paris, saturn, garbled = output_items(client, eval_id, done.id)
     assert [(r.type, r.score, r.passed) for r in paris.results] == [
         ("label-model-grader", 1.0, True), ("score-model-grader", 0.9, True)]  # fmt: skip
     assert paris.results[0].sample["label"] == "correct"
@@ -401,91 +328,3 @@ def test_score_model_and_label_model_are_graded_by_the_judge(stack: Stack) -> No
     # The judge was asked through the gateway: the item's question, rendered, in its prompt.
     assert any("Question: What is the capital of France?" in b["messages"][0]["content"]
                for b in stack.upstream.sent_to(JUDGE))  # fmt: skip
-
-
-@pytest.mark.slow
-def test_a_restart_resumes_each_run_without_the_callers_key_ever_stored(stack: Stack) -> None:
-    client, model, busy = stack.client, "gpt-4o-restarted", "gpt-4o-busy"
-    eval_id, judged = create_eval(client), _judged_eval(client)
-    late = {"question": "LATE: what is the capital of France?", "answer": "Paris"}
-    admin = _auth(tenant_key(stack.url, "acme", scope="admin"))
-    # Another key of the tenant, revoked while the evaluator is down: its run does not go on.
-    revoked = tenant_key(stack.url, "acme")
-    by_revoked = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=revoked, max_retries=0)
-    # One chunk answered and graded (France, 2 + 2, the planet and tac, eight times), and one
-    # item after it whose call the upstream holds; a second run fills the other slot
-    # (EVALS_RUNS_AT_ONCE, 2), so the other runs wait, queued.
-    answered = [QUESTIONS[i % 4] for i in range(CHUNK)]
-    stack.upstream.held |= {"LATE", busy}
-    try:
-        interrupted = completions_run(client, eval_id, model, [*answered, late])
-        waiting = completions_run(client, eval_id, busy, QUESTIONS[:2])
-        given = _jsonl(
-            client, eval_id, [{"item": QUESTIONS[0], "sample": {"output_text": "Paris"}}]
-        )
-        # An answer no other test gives: the judge's verdict on it is in no cache.
-        fresh = {"item": QUESTIONS[0], "sample": {"output_text": "Paris, after a restart"}}
-        asks_the_judge = _jsonl(client, judged, [fresh])
-        orphaned = completions_run(by_revoked, eval_id, busy, QUESTIONS[:1])
-
-        def mid_run() -> bool:
-            graded = _items(client, eval_id, interrupted.id)
-            late_sent = any(
-                "LATE" in b["messages"][-1]["content"] for b in stack.upstream.sent_to(model)
-            )
-            return len(graded) == CHUNK and late_sent and len(stack.upstream.sent_to(busy)) == 2
-
-        assert localstack.wait_until(mid_run, 60, interval_s=0.2)
-        for queued, on in ((given, eval_id), (asks_the_judge, judged), (orphaned, eval_id)):
-            assert client.evals.runs.retrieve(queued.id, eval_id=on).status == "queued"
-        stack.evaluator.stop()
-        keys = httpx.get(f"{stack.url}/v1/keys", headers=admin).json()["data"]
-        [revoked_id] = [k["id"] for k in keys if revoked.startswith(f"tl_{k['prefix']}_")]
-        assert httpx.delete(f"{stack.url}/v1/keys/{revoked_id}", headers=admin).status_code == 200
-        judge_calls, late_calls = (
-            len(stack.upstream.sent_to(JUDGE)),
-            len(stack.upstream.sent_to(model)),
-        )
-        stack.evaluator.start(timeout_s=90)
-    finally:
-        stack.upstream.held -= {"LATE", busy}
-
-    # The interrupted run goes on with the item left: its call made again, graded, counted.
-    first = until_done(client, eval_id, interrupted.id)
-    assert (first.status, first.error) == ("completed", None)
-    assert first.result_counts.model_dump() == {
-        "total": CHUNK + 1, "passed": CHUNK // 4 + 1, "failed": CHUNK * 3 // 4, "errored": 0}  # fmt: skip
-    assert len(stack.upstream.sent_to(model)) == late_calls + 1
-    assert _items(client, eval_id, interrupted.id)[-1].sample.output[0].content == "Paris"
-    assert first.per_model_usage[0].invocation_count == CHUNK + 1
-    second = until_done(client, eval_id, waiting.id)
-    assert second.result_counts.model_dump() == {
-        "total": 2, "passed": 1, "failed": 1, "errored": 0}  # fmt: skip
-    assert until_done(client, eval_id, given.id).status == "completed"
-    # The judge is a model called with the run's key too: asked after the restart, it grades.
-    judged_run = until_done(client, judged, asks_the_judge.id)
-    assert judged_run.result_counts.model_dump() == {
-        "total": 1, "passed": 1, "failed": 0, "errored": 0}  # fmt: skip
-    assert len(stack.upstream.sent_to(JUDGE)) == judge_calls + 2  # label and score
-    stopped = until_done(client, eval_id, orphaned.id)
-    assert (stopped.status, stopped.error.code) == ("failed", "unauthorized")
-    assert f"the API key that started this run ({revoked.split('_')[1]}) was revoked" in (
-        stopped.error.message
-    )
-
-    # Each resumed run had a key of its own, internal, revoked once its run ended.
-    def minted() -> list[dict[str, Any]]:
-        listed = httpx.get(f"{stack.url}/v1/keys", headers=admin).json()["data"]
-        return [k for k in listed if k["name"].startswith("evaluator: resumes eval run")]
-
-    assert localstack.wait_until(lambda: all(k["revoked_at"] for k in minted()), 10)
-    assert sorted(k["name"].rsplit(" ", 1)[1] for k in minted()) == sorted(
-        [interrupted.id, waiting.id, asks_the_judge.id])  # fmt: skip
-    assert {k["scope"] for k in minted()} == {"internal"}
-    # Neither caller's key is anywhere in the database (its file and its write-ahead log).
-    stored = b"".join(
-        path.read_bytes() for path in stack.database.parent.glob(f"{stack.database.name}*")
-    )
-    assert b"evaluator_eval_runs" in stored  # the right file
-    assert stack.key.encode() not in stored
-    assert revoked.encode() not in stored
