@@ -11,6 +11,7 @@ Generation is the runner's (`Answer`): this module decides what is answered, not
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -174,6 +175,7 @@ class Decider:
             top=self.rescore_top, max_items=self.rescore_max_items, score_rest=score_rest,
             grader=rescoring.JUDGE if by_judge else rescoring.DETERMINISTIC,
             grader_words=f"deterministic {deterministic_grader(job.task_kind)}" if fell_back else "",
+            reask=functools.partial(self.judging.reasked, job) if by_judge and self.judging else None,
         )  # fmt: skip
 
     async def publish(self, job: EvalJobRow) -> None:

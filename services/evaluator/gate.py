@@ -1,7 +1,8 @@
 """The eval gate: a job's best checkpoint is deployable only if it is good in absolute terms (the
 task kind's threshold) and better than the base model by a margin (so a best-of-several pick on
-a small subset cannot pass a model no better than the base). Defaults per task kind below; the
-reasons are in docs/evaluator.md.
+a small subset cannot pass a model no better than the base). Defaults per task kind below, and
+the gate on the judge's scale for a job the judge chose for (judge_gate); the reasons are in
+docs/evaluator.md.
 """
 
 from __future__ import annotations
@@ -66,4 +67,28 @@ def judge(
     return "passed", (
         f"best task score {best:.3f} reaches the {kind} threshold {gate.threshold:.2f} "
         f"and beats the base model's {base:.3f} by at least {gate.margin:.2f}"
+    )
+
+
+# The gate on judge scores (0-10 scaled to [0, 1]): 6/10 is an answer the rubric calls
+# acceptable; a margin of 0.05 on 16 items is 8 points of the scale in all (one item going from
+# wrong to right, or four items two points each): more than a reworded answer moves.
+JUDGE_THRESHOLD, JUDGE_MARGIN = 0.6, 0.05
+
+
+def judge_gate(best: float, base: float | None) -> tuple[GateOutcome, str]:
+    if best + _EPSILON < JUDGE_THRESHOLD:
+        return "rejected", (
+            f"best judge score {best:.3f} is below the judge threshold {JUDGE_THRESHOLD:.2f}"
+        )
+    if base is None:
+        return "rejected", "the base model was not scored, so the margin over it is unknown"
+    if best + _EPSILON < base + JUDGE_MARGIN:
+        return "rejected", (
+            f"best judge score {best:.3f} does not beat the base model's {base:.3f} by the "
+            f"judge margin {JUDGE_MARGIN:.2f}"
+        )
+    return "passed", (
+        f"best judge score {best:.3f} reaches the judge threshold {JUDGE_THRESHOLD:.2f} and "
+        f"beats the base model's {base:.3f} by at least {JUDGE_MARGIN:.2f}"
     )

@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine as DbEngine
 from services.evaluator import decision, judge_records, records
 from services.evaluator.calibration import Agreement, Pair, agreement
 from services.evaluator.config import JudgeSettings
-from services.evaluator.gate import GateOutcome
+from services.evaluator.gate import judge_gate
 from services.evaluator.graders import Answer
 from services.evaluator.judge import JudgeClient, ModelGrade, grade
 from services.evaluator.models import BASE_STEP, EvalJobRow, JudgeRubricRow
@@ -40,11 +40,6 @@ from services.evaluator.scoring import ItemResult
 from services.evaluator.subset import EvalItem
 
 log = logging.getLogger("tuneloop.evaluator.judge")
-# The gate on judge scores (0-10 scaled to [0, 1]): 6/10 is an answer the rubric calls
-# acceptable; a margin of 0.05 on 16 items is 8 points of the scale in all (one item going from
-# wrong to right, or four items two points each): more than a reworded answer moves.
-JUDGE_THRESHOLD, JUDGE_MARGIN = 0.6, 0.05
-_EPSILON = 1e-9
 DETERMINISTIC = {
     "free_text": "ROUGE-L",
     "json": "per-field JSON",
@@ -71,24 +66,6 @@ class Calibration:
     rubric_version: str | None
     judge_model: str | None
     unjudged: int = 0  # labels whose answer has no verdict (a judge_error, or no judge)
-
-
-def judge_gate(best: float, base: float | None) -> tuple[GateOutcome, str]:
-    if best + _EPSILON < JUDGE_THRESHOLD:
-        return "rejected", (
-            f"best judge score {best:.3f} is below the judge threshold {JUDGE_THRESHOLD:.2f}"
-        )
-    if base is None:
-        return "rejected", "the base model was not scored, so the margin over it is unknown"
-    if best + _EPSILON < base + JUDGE_MARGIN:
-        return "rejected", (
-            f"best judge score {best:.3f} does not beat the base model's {base:.3f} by the "
-            f"judge margin {JUDGE_MARGIN:.2f}"
-        )
-    return "passed", (
-        f"best judge score {best:.3f} reaches the judge threshold {JUDGE_THRESHOLD:.2f} and "
-        f"beats the base model's {base:.3f} by at least {JUDGE_MARGIN:.2f}"
-    )
 
 
 def summarise(step: int, rows: list[tuple[Any, Any]]) -> PointJudgement:
@@ -323,6 +300,24 @@ class Judging:
         kept = [p for p in pairs if p is not None]
         report = agreement(kept, pass_threshold=PASS_THRESHOLD / SCALE[1])
         return Calibration(report, version, self.model, unjudged=len(labels) - len(kept))
+
+    async def reasked(self, job: EvalJobRow, step: int) -> dict[int, float]:
+        """A point's answers that ended as judge_error, asked again under the current rubric
+        (a judge_error is never kept as a verdict: the endpoint may be back): the scores of
+        those that now have a verdict, by position."""
+        rows = await asyncio.to_thread(records.results, self.db, job.job_id, step)
+        failed = [r.position for _, r in rows if b'"judge_error"' in r.detail]
+        rubric = await asyncio.to_thread(
+            judge_records.latest_rubric, self.db, job.tenant, job.dataset_version
+        )
+        if not failed or rubric is None or self.client is None:
+            return {}
+        answers = await self._answers(job.job_id, step)
+        grades = await asyncio.gather(
+            *(self.judge_answer(job.tenant, rubric, *answers[p]) for p in failed if p in answers)
+        )
+        found = zip((p for p in failed if p in answers), grades, strict=True)
+        return {p: g.score for p, g in found if g.score is not None}
 
     async def _answers(self, job_id: str, step: int) -> dict[int, tuple[EvalItem, Answer]]:
         items = {i.position: i for i in await asyncio.to_thread(records.items, self.db, job_id)}

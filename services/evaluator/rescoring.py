@@ -33,6 +33,8 @@ JUDGE, DETERMINISTIC = "judge", "deterministic"
 # Generate and grade `items` at a checkpoint's step and store the outputs: (each item's score,
 # the outputs' URI).
 ScoreRest = Callable[[int, list[EvalItem]], Awaitable[tuple[list[float], str]]]
+# A step's subset answers that ended as judge_error, asked again: their scores by position.
+Reask = Callable[[int], Awaitable[dict[int, float]]]
 
 
 def candidates(scores: dict[int, float], top: int) -> list[int]:
@@ -99,11 +101,13 @@ async def rescore(
     score_rest: ScoreRest,
     grader: str = DETERMINISTIC,
     grader_words: str = "",
+    reask: Reask | None = None,
 ) -> Rescored | None:
     """The top checkpoints by `scores` on the whole split, on `grader`'s scores (the judge's,
     or the deterministic ones: `score_rest` grades the rest so); a note saying why not when it
     cannot be done; None when re-scoring could not change the choice. `grader_words` names the
-    grader in the decision's text (Rescored.grader)."""
+    grader in the decision's text (Rescored.grader); `reask` asks the judge again about the
+    subset's judge_errors."""
     steps = candidates(scores, top)
     if not steps:
         return None
@@ -126,7 +130,9 @@ async def rescore(
     try:
         for step in steps:
             if step not in done:
-                done[step] = await _rescore_one(db, job.job_id, step, rest, score_rest, grader)
+                done[step] = await _rescore_one(
+                    db, job.job_id, step, rest, score_rest, grader, reask
+                )
     except HosterRefused as exc:
         return Rescored(note=f"Not re-scored on the whole eval split: {exc}.")
     return Rescored(
@@ -139,12 +145,16 @@ async def rescore(
 
 async def _rescore_one(
     db: DbEngine, job_id: str, step: int, rest: list[EvalItem], score_rest: ScoreRest,
-    grader: str,
+    grader: str, reask: Reask | None,
 ) -> EvalRescoreRow:  # fmt: skip
     started = time.monotonic()
     rest_scores, uri = await score_rest(step, rest)
     subset = await asyncio.to_thread(records.results, db, job_id, step)
+    # The judge's subset answers that had no verdict are asked again: a judge_error is no
+    # result to reuse (the endpoint may be back); one failing again is left out as before.
+    answered = await reask(step) if reask is not None and grader == JUDGE else {}
     counted = subset_scores(grader, ((r.score, json.loads(r.detail)) for _, r in subset))
+    counted += list(answered.values())
     row = EvalRescoreRow(
         job_id=job_id,
         step=step,

@@ -28,6 +28,7 @@ from shared import auth
 from shared.db import make_engine, session_scope
 from shared.events import JobPlanned
 from tests.fakes.judge import FakeJudge
+from tests.plugins.infra import free_port
 from tests.services.evaluator.samples import reference, ticket
 
 TENANT, VERSION = "acme", "dsv-unit"
@@ -123,6 +124,34 @@ async def test_a_judge_error_is_recorded_on_its_item_and_left_out_of_the_mean(
     again, _ = await judge.grade(job, results[1:2], results[1].score)
     assert "judge_error" in again[0].detail
     assert len(fake.graded()) == asked + 2  # asked, and once more quoting why
+
+
+async def test_a_points_judge_errors_are_asked_again_when_it_is_rescored(
+    db: Engine, judging: tuple[Judging, FakeJudge]
+) -> None:
+    judge, fake = judging
+    job = make_job(db, "ftjob-away", ITEMS)
+    await judge.ensure_rubric(TENANT, VERSION, ITEMS)
+    working, away = (
+        judge.client,
+        JudgeClient(base_url=f"http://127.0.0.1:{free_port()}/v1", api_key="k", max_retries=0),
+    )
+    results = answers(ITEMS, [reference(0), reference(1), "MALFORMED", None])
+    judge.client = away  # the judge's endpoint is down while the point is scored
+    try:
+        graded, mean = await judge.grade(job, results, scoring.mean_score(results))
+    finally:
+        judge.client = working
+        await away.aclose()
+    assert [("judge_error" in r.detail) for r in graded] == [True, True, True, False]
+    records.add_point(db, job.job_id, 10, "s3://bucket/ckpt-10/")
+    records.store_point(
+        db, job.job_id, 10, graded, score=mean, uri="s3://x", duration_s=1.0, best_changed=True
+    )
+    # Back up, re-scoring asks again about the answers that had no verdict: the references get
+    # theirs (9/10), the malformed reply is still none, the refused prompt was never judged.
+    assert await judge.reasked(job, 10) == {0: pytest.approx(0.9), 1: pytest.approx(0.9)}
+    assert len(fake.graded()) == 2 + 2  # two verdicts, and the malformed one asked twice
 
 
 async def test_a_point_without_any_verdict_makes_the_choice_fall_back(
