@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(settings: Settings, args: argparse.Namespace, started_at: float) -> int:
     def step(message: str) -> None:
-        elapsed = time.monotonic() - started_at
-        console.print(f"[dim]{elapsed // 60:.0f}:{elapsed % 60:02.0f}[/] {message}")
+        minutes, seconds = divmod(round(time.monotonic() - started_at), 60)
+        console.print(f"[dim]{minutes}:{seconds:02d}[/] {message}")
 
     key = _key(settings)
     base_url = f"http://{settings.app.bind_host}:{settings.services.ingest_port}"
@@ -86,6 +86,8 @@ def _run(settings: Settings, args: argparse.Namespace, started_at: float) -> int
         return AsyncOpenAI(base_url=f"{base_url}/v1", api_key=key, timeout=600)
 
     http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    # A run that stopped half-way left its deployments serving (and its served name taken).
+    _stop_deployments(http)
     train, heldout = generate("train"), generate("heldout")[: args.heldout]
     first = train[: args.first] if args.retrain else train
     budget_s = args.first_budget_s if args.retrain else args.budget_s
@@ -120,10 +122,13 @@ def _run(settings: Settings, args: argparse.Namespace, started_at: float) -> int
     scores |= asyncio.run(compare(aclient(), {"teacher": TEACHER_MODEL}, heldout))
     _report(scores, judged, job, time.monotonic() - started_at)
     if not args.keep:
-        # Engines outlive the hoster (a restart takes them over): stop the demo's own.
-        for deployment in http.get("/v1/deployments").json().get("data", []):
-            http.delete(f"/v1/deployments/{deployment['id']}")
+        _stop_deployments(http)  # engines outlive the hoster (a restart takes them over)
     return 0 if scores[judged].accuracy >= GOAL else 1
+
+
+def _stop_deployments(http: httpx.Client) -> None:
+    for deployment in http.get("/v1/deployments").json().get("data", []):
+        http.delete(f"/v1/deployments/{deployment['id']}")
 
 
 def _report(scores: dict[str, Scored], judged: str, job: Any, elapsed_s: float) -> None:
