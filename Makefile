@@ -124,14 +124,14 @@ wrk:
 # playwright's executable_path: playwright cannot download a browser here.
 chromium:
 	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
-		$(SUDO) apt-get install -y -qq --no-install-recommends chromium; }
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
 
 # promtool checks and unit-tests deploy/prometheus/alerts.yml (tests/deploy): Debian's prometheus
 # package ships it. Its daemon is not wanted: a container's policy-rc.d keeps it from starting,
 # and elsewhere it is stopped once installed.
 promtool:
 	@command -v promtool >/dev/null || { $(SUDO) apt-get update -qq && \
-		$(SUDO) apt-get install -y -qq --no-install-recommends prometheus && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus && \
 		{ $(SUDO) service prometheus stop >/dev/null 2>&1 || true; }; }
 
 # A failed LiteLLM install does not stop the run: the baseline is then reported missing.
