@@ -181,7 +181,8 @@ def trained(stack: Stack, built: dict[str, Any]) -> dict[str, Any]:
 def test_train_shows_steps_and_ctrl_c_leaves_the_job_running(trained: dict[str, Any]) -> None:
     train, job_id = trained["train"], trained["id"]
     assert trained["interrupted"] == 130, train.text()
-    assert trained["status_after"] in ("running", "queued"), train.text()
+    # Not cancelled: still going, or (the tiny model trains in seconds) already done.
+    assert trained["status_after"] in ("queued", "running", "succeeded"), train.text()
     assert re.search(r"\(ETA \d+:\d\d:\d\d\)", trained["step"]), trained["step"]
     said = "".join(train.stdout)
     assert f"stopped following; job {job_id} is " in said
