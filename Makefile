@@ -21,7 +21,7 @@ export TUNELOOP_ENV ?= development
 
 .PHONY: help install accel model demo test test-fast lint format up down status events lock clean \
 	bench bench-gateway bench-ingest bench-datasets bench-train bench-recipe bench-scheduler \
-	bench-serve bench-shadow bench-venv wrk promtool chromium
+	bench-serve bench-shadow bench-evals bench-venv wrk promtool chromium
 
 help:
 	@echo "make up | down | status   run the local stack (NATS, S3, services) in the background"
@@ -169,5 +169,10 @@ bench-serve: install model
 # A served name's shadow: the caller's latency with and without mirroring, alternating calls.
 bench-shadow: install
 	$(BIN)/python -m tests.benchmarks.bench_shadow $(ARGS)
+
+# What mid-run evals add to a run on the demo task: a job with evals through the local stack
+# against the same trainer config alone; ~12 minutes (ARGS="--tickets 250 --epochs 1").
+bench-evals: install model
+	$(BIN)/python -m tests.benchmarks.bench_evals $(ARGS)
 
 bench: bench-gateway bench-ingest bench-train bench-datasets

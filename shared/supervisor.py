@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,7 +159,13 @@ def _stop(settings: Settings, comp: Component) -> bool:
 
 def down(settings: Settings) -> list[str]:
     """Stop the components this data dir started, services first; returns the names stopped."""
-    components = localstack.stack_components(settings)
+    return stop(settings, [comp.name for comp in localstack.stack_components(settings)])
+
+
+def stop(settings: Settings, names: Collection[str]) -> list[str]:
+    """Stop the named components that are running, in reverse start order (services before what
+    they use); returns the names stopped."""
+    components = [c for c in localstack.stack_components(settings) if c.name in names]
     return [comp.name for comp in reversed(components) if _stop(settings, comp)]
 
 
