@@ -480,7 +480,10 @@ def issue_key(tenant_id: str, body: keys_api.KeyIn, engine: EngineDep) -> keys_a
 # --- control plane of other services ----------------------------------------------------------
 
 
-def _forwarder(prefix: str, service: str) -> Any:
+Forward = Callable[[Request, Ingest], Awaitable[Response]]
+
+
+def _forwarder(prefix: str, service: str) -> Forward:
     async def forward(request: Request, ingest: IngestDep) -> Response:
         if request.method not in ("GET", "HEAD"):
             # The owner checks every call too; a read key's changes stop here, early.

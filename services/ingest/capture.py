@@ -294,7 +294,7 @@ class FidelityDelta(NamedTuple):
     source: str
     kind: str  # samples | rejected | dropped
     reason: str  # "" for samples
-    count: int
+    added: int  # (not `count`: a tuple's own method)
 
 
 @dataclass
@@ -340,10 +340,10 @@ class Fidelity:
         """Put drained counts back (their flush failed), so none is lost."""
         for d in deltas:
             if d.kind == "samples":
-                self.samples[(d.tenant, d.source)] += d.count
+                self.samples[(d.tenant, d.source)] += d.added
             else:
                 counter = self.rejected if d.kind == "rejected" else self.dropped
-                counter[(d.tenant, d.source, d.reason)] += d.count
+                counter[(d.tenant, d.source, d.reason)] += d.added
 
     def report(self, tenant: str) -> dict[str, Any]:
         sources = {source for (t, source) in self.samples if t == tenant}

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -59,7 +59,7 @@ def _bounded(
             if len(seen) >= max_reasons:
                 reason = OTHER_REASONS
             seen.add(reason)
-        totals[(d.tenant, d.source, d.kind, reason)] += d.count
+        totals[(d.tenant, d.source, d.kind, reason)] += d.added
     return totals
 
 
@@ -74,11 +74,12 @@ def store_deltas(
             {"tenant": t, "source": s, "kind": k, "reason": r, "count": n}
             for (t, s, k, r), n in _bounded(session, deltas, max_reasons).items()
         ]
-        insert = dialect_insert(session, FidelityCount.__table__)  # type: ignore[arg-type]
+        table = cast(sa.Table, FidelityCount.__table__)  # type: ignore[attr-defined]
+        insert = dialect_insert(session, table)
         session.execute(
             insert.on_conflict_do_update(
                 index_elements=["tenant", "source", "kind", "reason"],
-                set_={"count": FidelityCount.__table__.c.count + insert.excluded.count},  # type: ignore[attr-defined]
+                set_={"count": table.c.count + insert.excluded.count},
             ),
             rows,
         )

@@ -435,9 +435,9 @@ def _presented_key(headers: list[tuple[bytes, bytes]], query: str) -> str | None
     if scheme.lower() == "bearer" and credentials.strip():
         return credentials.strip()
     for name in (b"x-api-key", b"x-goog-api-key"):
-        value = found.get(name, b"").decode("latin-1").strip()
-        if value:
-            return value
+        presented = found.get(name, b"").decode("latin-1").strip()
+        if presented:
+            return presented
     if "key=" not in query:
         return None
     query_key = dict(parse_qsl(query)).get("key", "").strip()

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import urllib.parse
-from typing import Any
+from typing import Any, cast
 
 import httptools
-from uvicorn._types import ASGISendEvent
+from uvicorn._types import ASGI3Application, ASGISendEvent
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
@@ -82,7 +82,8 @@ class GatewayProtocol(HttpToolsProtocol):
             keep_alive=http_version != "1.0" and self.parser.should_keep_alive(),
             on_response=self.on_response_complete,
         )
-        self._start_asgi_task(self.cycle, self.endpoints)
+        # The same ASGI callable; uvicorn's types name each message kind, starlette's do not.
+        self._start_asgi_task(self.cycle, cast(ASGI3Application, self.endpoints))
 
 
 class OneSendCycle(RequestResponseCycle):

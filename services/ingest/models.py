@@ -6,6 +6,7 @@ and page without parsing it. Tags get their own table so "every sample tagged X"
 lookup on every backend.
 """
 
+import builtins
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -81,7 +82,8 @@ class UploadedFile(SQLModel, table=True):
     status: str = Field(default="uploaded", max_length=16)
     status_details: str | None = Field(default=None, max_length=2000)
     # The import report (accepted, rejected lines with reasons, ...) once processed, as JSON.
-    report: bytes | None = Field(default=None, sa_type=sa.LargeBinary)
+    # builtins.bytes: the class's own `bytes` field (the file's size) shadows the type here.
+    report: builtins.bytes | None = Field(default=None, sa_type=sa.LargeBinary)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     # Which process works the file (host:pid:random) and until when: it renews the lease while
     # it works, so a file whose lease ran out belonged to a process that died and is taken over.

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import orjson
-from pydantic import ValidationError
+from pydantic import JsonValue, ValidationError
 
 from services.ingest.cleaning.report import CleaningReport
 from services.ingest.cleaning.tokens import TokenCounter
@@ -113,7 +113,11 @@ def write_snapshot(
         (root / TRAIN_FILE).write_bytes(train_bytes)
         (root / EVAL_FILE).write_bytes(eval_bytes)
         (root / META_FILE).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
-        summary = {"version": version, "train_count": len(train), "eval_count": len(eval)}
+        summary: dict[str, JsonValue] = {
+            "version": version,
+            "train_count": len(train),
+            "eval_count": len(eval),
+        }
         manifest = store.put_dir(root, prefix, metadata=summary)
     return Snapshot(version, uri, len(train), len(eval), stats, manifest)
 

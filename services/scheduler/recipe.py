@@ -329,7 +329,7 @@ def _trainer_sections(
 ) -> dict[str, Any]:
     return {
         "method": user.method,
-        "lora": {"rank": LORA_RANK, "alpha": float(2 * LORA_RANK), "target_modules": "all-linear"},
+        "lora": {"rank": LORA_RANK, "alpha": 2 * LORA_RANK, "target_modules": "all-linear"},
         "hyperparameters": {
             "epochs": max(1, math.ceil(float(epochs.value))),
             "max_steps": steps,

@@ -186,7 +186,7 @@ def write_final(
     shutil.rmtree(local, ignore_errors=True)
     final_local = local / FINAL_DIR
     if isinstance(model, PeftModel):
-        model.save_pretrained(final_local, safe_serialization=True, **peft_save_kwargs(model))
+        model.save_pretrained(str(final_local), safe_serialization=True, **peft_save_kwargs(model))
         complete_model_dir(final_local, tokenizer, info, "adapter")
     else:
         save_full(model, final_local)

@@ -41,7 +41,7 @@ class _Strict(BaseModel):
 
 class LoraSettings(_Strict):
     rank: int = Field(default=16, ge=1, le=1024)
-    alpha: float = Field(default=32.0, gt=0)
+    alpha: int = Field(default=32, ge=1)  # peft's type: LoraConfig.lora_alpha is an int
     dropout: float = Field(default=0.05, ge=0.0, lt=1.0)
     # "all-linear": every linear layer of the blocks (peft's own shorthand), else module names.
     target_modules: list[str] | Literal["all-linear"] = "all-linear"

@@ -196,7 +196,9 @@ def lora_config(config: JobConfig) -> LoraConfig:
 def build_model(config: JobConfig, model_dir: Path, device: torch.device) -> PreTrainedModel:
     """The base model with its method applied: a PeftModel for (q)lora, the model itself for full."""
     _check_method(config, device)
-    model = AutoModelForCausalLM.from_pretrained(
+    # Any: the base, a kbit-prepared base or its PeftModel in turn (transformers' and peft's
+    # own annotations do not follow one object through them).
+    model: Any = AutoModelForCausalLM.from_pretrained(
         model_dir,
         local_files_only=True,
         # sdpa takes our 4D block-diagonal mask as is; flash-attention would need varlen inputs.
@@ -220,7 +222,8 @@ def build_model(config: JobConfig, model_dir: Path, device: torch.device) -> Pre
         if isinstance(model, PeftModel):
             # Frozen embeddings give no grad to checkpointed blocks' inputs without this.
             model.enable_input_require_grads()
-    return model.to(device) if config.method != "qlora" else model
+    placed: PreTrainedModel = model.to(device) if config.method != "qlora" else model
+    return placed
 
 
 def build_optimizer(model: torch.nn.Module, hp: Hyperparameters) -> torch.optim.AdamW:
