@@ -133,7 +133,9 @@ def test_the_job_page_draws_the_jobs_loss_and_task_score_as_it_runs(
     drawn_loss = {s: v for s, v in zip(steps, loss, strict=True) if v is not None}
     drawn_score = {s: v for s, v in zip(steps, score, strict=True) if v is not None}
     assert drawn_loss == pytest.approx(losses)
-    assert drawn_score == pytest.approx(scores)
+    # Both ways (CI once drew a score the API no longer listed): what each side held, and the
+    # job's whole event log, to tell which side was wrong.
+    assert drawn_score == pytest.approx(scores), _mismatch(stack, drawn_score, scores, evaluated)
     marked = {s: v for s, v in zip(steps, best, strict=True) if v is not None}
     assert marked == {job.best_step: pytest.approx(scores[job.best_step])}
     assert page.inner_text("#best-step") == str(job.best_step)
@@ -153,6 +155,19 @@ def _api_points(stack: Stack) -> tuple[dict[int, float], dict[int, float]]:
             if event.type == "metrics" and data and "step" in data and metric in data:
                 found.setdefault(data["step"], data[metric])
     return points["train_loss"], points["task_score"]
+
+
+def _mismatch(
+    stack: Stack, drawn: dict[int, float], listed: dict[int, float], evaluated: list[Any]
+) -> str:
+    events = [
+        (e.created_at, e.id, e.type, e.message, e.data)
+        for e in stack.client.fine_tuning.jobs.list_events(stack.job_id, limit=100)
+    ]
+    return (
+        f"drawn {sorted(drawn.items())}\nlisted {sorted(listed.items())}\n"
+        f"evaluator {evaluated}\nevents (newest first) {events}"
+    )
 
 
 def _pixels(page: Page, selector: str, colors: tuple[tuple[int, int, int], ...]) -> list[int]:
