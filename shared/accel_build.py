@@ -1,6 +1,8 @@
 """`python -m shared.accel_build`: compile the modules `shared.accel` lists (Cython) into
-.tuneloop/accel/, with the manifest of source digests its finder checks. `make install` runs it;
-it needs a C compiler and the Python headers."""
+.tuneloop/accel/, with the manifest of source digests its finder checks. `make install` runs it
+with `--if-stale` (the list lives only in shared.accel.MODULES, so make cannot know which files
+a build depends on: the manifest's digests say whether it is current); it needs a C compiler and
+the Python headers."""
 
 from __future__ import annotations
 
@@ -68,10 +70,37 @@ def build(
     return libraries
 
 
+def current(
+    out: Path = DEFAULT_DIR, *, modules: Sequence[str] = MODULES, root: Path = ROOT
+) -> bool:
+    """Whether `out` holds a build of exactly `modules`, for this interpreter, from their
+    sources as they are now (each library present): then there is nothing to rebuild."""
+    try:
+        manifest = orjson.loads((out / MANIFEST).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return False
+    built = manifest.get("modules", {})
+    if manifest.get("abi") != abi() or set(built) != set(modules):
+        return False
+    return all(
+        (out / built[name]["library"]).is_file()
+        and built[name]["sha256"] == digest(source_path(name, root))
+        for name in modules
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m shared.accel_build", description=__doc__)
     parser.add_argument("--out", type=Path, default=DEFAULT_DIR)
+    parser.add_argument(
+        "--if-stale",
+        action="store_true",
+        help="build only when the build is missing or any listed module changed (make install)",
+    )
     args = parser.parse_args(argv)
+    if args.if_stale and current(args.out):
+        print(f"{args.out}: up to date ({len(MODULES)} modules)")
+        return
     libraries = build(args.out)
     print(f"compiled {len(libraries)} modules into {args.out}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import orjson
 import pytest
 
 from shared import accel
-from shared.accel_build import build
+from shared.accel_build import build, current
 
 PROBE = """
 def greet(name: str) -> str:
@@ -81,6 +82,25 @@ def test_no_build_or_a_build_for_another_interpreter_is_not_used(
     manifest["abi"]["cache_tag"] = "cpython-399"
     (other / accel.MANIFEST).write_bytes(orjson.dumps(manifest))
     assert "is for" in str(accel.finder_for(other, root=root))
+
+
+def test_make_install_rebuilds_only_when_a_listed_source_or_the_list_changed(
+    probe_build: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """`python -m shared.accel_build --if-stale` (make install) skips a current build."""
+    root, out = probe_build
+    assert current(out, modules=["accel_probe"], root=root)
+    edited = tmp_path / "accel_probe.py"
+    edited.write_text(PROBE.replace("hello", "hi"))
+    assert not current(out, modules=["accel_probe"], root=tmp_path)  # a source changed
+    (tmp_path / "other_probe.py").write_text(PROBE)
+    assert not current(out, modules=["accel_probe", "other_probe"], root=root)  # the list grew
+    assert not current(tmp_path / "nothing", modules=["accel_probe"], root=root)  # no build
+    missing = tmp_path / "copy"
+    shutil.copytree(out, missing)
+    library = orjson.loads((missing / accel.MANIFEST).read_bytes())["modules"]["accel_probe"]
+    (missing / library["library"]).unlink()
+    assert not current(missing, modules=["accel_probe"], root=root)  # its library is gone
 
 
 def test_this_process_uses_the_build_when_it_is_current() -> None:
