@@ -12,11 +12,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 import openai
 from typer.testing import CliRunner, Result
@@ -26,13 +25,13 @@ from shared import localstack
 from shared.cli import app
 from shared.settings import Settings
 from tests.plugins.infra import RunningProcess, make_settings, settings_env
+from tests.plugins.waiting import until
 from tests.services.hoster.process import prepare
 
 LABEL = "billing"
 _WORDS = ("invoice", "refund", "card", "plan", "receipt", "charge", "tax", "discount")
 BAD_ROLE_LINE = 5  # a message whose role is not one of OpenAI's
 NOT_JSON_LINE = 12
-T = TypeVar("T")
 
 
 @dataclass
@@ -124,7 +123,7 @@ class Running:
             f"{pattern!r} in the output",
             lambda: next((line for line in list(lines) if re.search(pattern, line)), None),
             timeout_s,
-            also=lambda: self.process.poll() is None,
+            alive=lambda: self.process.poll() is None,
         )
 
     def finish(self, timeout_s: float = 60) -> int:
@@ -134,20 +133,6 @@ class Running:
 
     def text(self) -> str:
         return "".join(self.stdout) + "".join(self.stderr)
-
-
-def until(
-    what: str,
-    check: Callable[[], T | None],
-    timeout_s: float = 180,
-    also: Callable[[], bool] | None = None,
-) -> T:
-    deadline = time.monotonic() + timeout_s
-    while (found := check()) is None:
-        assert also is None or also(), f"{what}: the process ended first"
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
-        time.sleep(0.2)
-    return found
 
 
 def training_lines() -> list[str]:

@@ -33,9 +33,9 @@ from tests.integration.cli_stack import (
     running,
     training_lines,
     tuneloop,
-    until,
 )
 from tests.plugins.infra import RunningProcess
+from tests.plugins.waiting import until
 from tests.services.evaluator.evals_stack import CRITERIA, ITEM_SCHEMA, QUESTIONS
 from tests.services.hoster.checkpoints import BASE_ID
 

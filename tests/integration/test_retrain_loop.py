@@ -15,11 +15,10 @@ is a short label (exact match): one word, counted without the template around th
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import openai
 import pytest
@@ -32,6 +31,7 @@ from shared.settings import Settings
 from tests.fakes.serving import ServedInThread
 from tests.fakes.upstream import upstream_key_env, upstreams_yaml
 from tests.plugins.infra import RunningProcess, make_settings, settings_env
+from tests.plugins.waiting import until
 from tests.services.evaluator.evals_stack import Upstream
 from tests.services.hoster.checkpoints import BASE_ID
 from tests.services.hoster.process import prepare
@@ -44,7 +44,6 @@ BATCH = 16  # calls a run's traffic; also the policy's min_new_samples
 EVAL_ITEMS = 8  # the eval split: the evaluator's subset is all of it
 POLICIES = "/fine_tuning/retrain_policies"
 _WORDS = ("invoice", "refund", "card", "plan", "receipt", "charge", "tax", "discount")
-T = TypeVar("T")
 
 
 @dataclass
@@ -113,14 +112,6 @@ def loop(
     assert not errors, errors
 
 
-def _until(what: str, check: Callable[[], T | None], timeout_s: float = 300) -> T:
-    deadline = time.monotonic() + timeout_s
-    while (found := check()) is None:
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
-        time.sleep(0.5)
-    return found
-
-
 def _get(client: openai.OpenAI, path: str) -> dict[str, Any]:
     return client.get(path, cast_to=dict[str, Any])
 
@@ -143,13 +134,13 @@ def _run(loop: Loop, policy_id: str, run: int) -> dict[str, Any]:
         policy = _get(loop.client, f"{POLICIES}/{policy_id}")
         return policy if policy["runs"] == run else None
 
-    policy = _until(f"run {run}", ran)
+    policy = until(f"run {run}", ran, 300)
 
     def ended() -> Any:
         job = loop.client.fine_tuning.jobs.retrieve(policy["last_job_id"])
         return job if job.status in ("succeeded", "failed", "cancelled") else None
 
-    return {"policy": policy, "job": _until(f"run {run}'s job", ended)}
+    return {"policy": policy, "job": until(f"run {run}'s job", ended, 300)}
 
 
 def _served(loop: Loop, role: str) -> dict[str, Any]:
@@ -166,7 +157,7 @@ def _served(loop: Loop, role: str) -> dict[str, Any]:
         assert deployment["status"] in ("pending", "ready"), deployment
         return {"name": name, "deployment": deployment} if deployment["status"] == "ready" else None
 
-    return _until(f"{SERVED!r}'s {role}", ready)
+    return until(f"{SERVED!r}'s {role}", ready, 300)
 
 
 @dataclass

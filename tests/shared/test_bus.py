@@ -15,6 +15,7 @@ from shared.chat import Sample
 from shared.events import JOBS, SAMPLES, STREAMS, JobQueued, SampleCaptured
 from shared.settings import NatsSettings, Settings
 from tests.plugins.infra import RunningProcess, free_port, make_settings
+from tests.plugins.waiting import eventually
 
 
 @pytest.fixture
@@ -31,12 +32,6 @@ async def _started(settings: NatsSettings, service: str) -> NatsBroker:
     await bus.connect(broker, settings)
     await bus.declare_streams(broker.connection, settings)
     return broker
-
-
-async def _wait_for(predicate, timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.05)
 
 
 async def test_streams_are_declared_with_limits_and_redeclaring_is_harmless(
@@ -111,7 +106,7 @@ async def test_published_event_reaches_a_durable_subscriber_as_the_same_class(
     try:
         sent = JobQueued(tenant=tenant, job_id="job-1", position=2)
         await bus.publish(producer, sent)
-        await _wait_for(lambda: len(received) == 1)
+        await eventually(lambda: len(received) == 1)
         assert received == [sent]
         assert isinstance(received[0], JobQueued)
     finally:
@@ -153,7 +148,7 @@ async def test_events_published_together_reach_a_faststream_subscriber_once_each
         sent = [JobQueued(tenant=tenant, job_id=f"job-{n}", position=n) for n in range(20)]
         # The first event again: a retry inside the duplicate window is stored once.
         assert await bus.publish_many(producer, [*sent, sent[0]]) == [None] * 21
-        await _wait_for(lambda: len(received) == 20)
+        await eventually(lambda: len(received) == 20)
         await asyncio.sleep(0.3)  # room for a duplicate to show up
         assert sorted(received, key=lambda e: e.position) == sent
     finally:
@@ -202,7 +197,7 @@ async def test_events_published_together_without_nats_each_report_their_error(
     outcomes = await bus.publish_many(producer, events, timeout_s=1.0)
     assert [type(outcome) for outcome in outcomes] == [TimeoutError] * 3
     private_nats.start()
-    await _wait_for(lambda: producer.connection.is_connected, 15)
+    await eventually(lambda: producer.connection.is_connected, 15)
     await bus.declare_streams(producer.connection, settings)  # a fresh server
     assert await bus.publish_many(producer, events) == [None] * 3
     await producer.stop()
@@ -228,7 +223,7 @@ async def test_a_failing_handler_gets_the_event_again(nats_settings: NatsSetting
     try:
         event = JobQueued(tenant=tenant, job_id="job-2", position=0)
         await bus.publish(consumer, event)
-        await _wait_for(lambda: len(attempts) >= 2)
+        await eventually(lambda: len(attempts) >= 2)
         assert attempts[:2] == [event.event_id, event.event_id]
     finally:
         await consumer.stop()
@@ -254,12 +249,12 @@ async def test_durable_consumer_catches_up_after_being_away(nats_settings: NatsS
     producer = await _started(nats_settings, "producer")
     try:
         await bus.publish(producer, JobQueued(tenant=tenant, job_id="j", position=1))
-        await _wait_for(lambda: seen == [1])
+        await eventually(lambda: seen == [1])
         await consumer.stop()
         for position in (2, 3):  # published while the consumer is down
             await bus.publish(producer, JobQueued(tenant=tenant, job_id="j", position=position))
         consumer = await run_consumer()
-        await _wait_for(lambda: len(seen) >= 3)
+        await eventually(lambda: len(seen) >= 3)
         assert seen == [1, 2, 3]
     finally:
         await consumer.stop()

@@ -15,6 +15,7 @@ from shared import bus
 from shared.events import JOBS, JobQueued
 from shared.settings import NatsSettings, Settings
 from tests.plugins.infra import RunningProcess
+from tests.plugins.waiting import eventually
 
 FAST = bus.BatchOptions(batch_size=16, fetch_timeout_s=0.2, retry_delay_s=0.1)
 
@@ -29,12 +30,6 @@ async def _started(settings: NatsSettings, service: str) -> NatsBroker:
     await bus.connect(broker, settings)
     await bus.declare_streams(broker.connection, settings)
     return broker
-
-
-async def _wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.02)
 
 
 def _decode_for(tenant: str) -> bus.Decode[JobQueued | None]:
@@ -96,11 +91,11 @@ async def test_events_arrive_in_batches_once_each_and_are_acked(
     try:
         await _publish(broker, tenant, range(40))  # a backlog before the consumer starts
         await consumer.start()
-        await _wait_for(lambda: sum(map(len, batches)) >= 40)
+        await eventually(lambda: sum(map(len, batches)) >= 40)
         # Quiet for several fetch timeouts (empty pulls), then more: the loop must still run.
         await asyncio.sleep(1.0)
         await _publish(broker, tenant, range(40, 43))
-        await _wait_for(lambda: sum(map(len, batches)) >= 43)
+        await eventually(lambda: sum(map(len, batches)) >= 43)
         seen = [p for batch in batches for p in batch]
         assert sorted(seen) == list(range(43))
         assert max(map(len, batches)) > 1, batches  # the backlog came in batches
@@ -132,7 +127,7 @@ async def test_a_failing_batch_is_retried_message_by_message(
     caplog.set_level(logging.WARNING, logger="tuneloop.bus")
     await consumer.start()
     try:
-        await _wait_for(lambda: stored == set(range(8)))
+        await eventually(lambda: stored == set(range(8)))
         assert failures[0] > 1  # the batch failed as a whole first...
         assert 1 in failures  # ...then message 3 alone, while the others were stored
         assert "nacked for redelivery" in caplog.text
@@ -167,7 +162,7 @@ async def test_a_poison_message_is_terminated_with_its_reason(
     caplog.set_level(logging.WARNING, logger="tuneloop.bus")
     await consumer.start()
     try:
-        await _wait_for(lambda: sorted(handled) == [0, 2])
+        await eventually(lambda: sorted(handled) == [0, 2])
         await asyncio.sleep(0.5)  # a nack or an expired ack would bring it back by now
         assert decoded.count(1) == 1
         assert "terminated" in caplog.text
@@ -192,12 +187,12 @@ async def test_a_restarted_consumer_carries_on_from_the_durable(
     await first.start()
     try:
         await _publish(broker, tenant, range(5))
-        await _wait_for(lambda: len(seen) >= 5)
+        await eventually(lambda: len(seen) >= 5)
         await first.stop()
         await _publish(broker, tenant, range(5, 9))  # while no one consumes
         second = _consumer(broker, service, _decode_for(tenant), handle)
         await second.start()
-        await _wait_for(lambda: len(seen) >= 9)
+        await eventually(lambda: len(seen) >= 9)
         await second.stop()
         assert sorted(seen) == list(range(9))
     finally:
@@ -265,7 +260,7 @@ async def test_bundled_events_travel_in_few_messages_and_arrive_once_each(
     consumer = _consumer(broker, service, _decode_for(tenant), handle)
     await consumer.start()
     try:
-        await _wait_for(lambda: sum(map(len, batches)) >= 30)
+        await eventually(lambda: sum(map(len, batches)) >= 30)
         await asyncio.sleep(0.3)  # room for a redelivery to show up
         assert sorted(p for batch in batches for p in batch) == list(range(30))
         assert await _settled(broker, service)
@@ -295,7 +290,7 @@ async def test_a_poison_event_in_a_bundle_is_dropped_and_the_rest_handled(
     caplog.set_level(logging.WARNING, logger="tuneloop.bus")
     await consumer.start()
     try:
-        await _wait_for(lambda: sorted(handled) == [0, 1, 3])
+        await eventually(lambda: sorted(handled) == [0, 1, 3])
         assert await _settled(broker, service)  # acked: the others are not delivered again
         assert "1 of the 4 events in message" in caplog.text
         assert "event 3: position: 2 is not a position this consumer takes" in caplog.text
@@ -322,7 +317,7 @@ async def test_a_bundle_whose_count_does_not_match_its_payload_is_terminated(
     caplog.set_level(logging.WARNING, logger="tuneloop.bus")
     await consumer.start()
     try:
-        await _wait_for(lambda: handled == [3])
+        await eventually(lambda: handled == [3])
         assert await _settled(broker, service)
         assert "terminated" in caplog.text
         assert "tuneloop-bundle: says 4 events, the payload has 3" in caplog.text
@@ -352,7 +347,7 @@ async def test_a_failing_bundle_is_retried_whole_while_other_messages_are_stored
     consumer = _consumer(broker, service, _decode_for(tenant), handle)
     await consumer.start()
     try:
-        await _wait_for(lambda: stored == {0, 1, 2, 10, 11, 12})
+        await eventually(lambda: stored == {0, 1, 2, 10, 11, 12})
         # Whatever the first fetch held, the bundle's events were always handled together,
         # and after the batch failed the bundle was retried on its own.
         assert {10, 11, 12} <= set(attempts[0])

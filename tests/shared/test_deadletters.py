@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from shared import bus, deadletters
 from shared.events import DEADLETTERS, JOBS, JobQueued
 from shared.settings import NatsSettings, Settings
 from tests.plugins.infra import RunningProcess, settings_on_private_nats
+from tests.plugins.waiting import eventually
 
 FAST = bus.BatchOptions(batch_size=16, fetch_timeout_s=0.2, retry_delay_s=0.05)
 
@@ -42,12 +42,6 @@ async def _started(settings: NatsSettings) -> NatsBroker:
     await bus.connect(broker, settings)
     await bus.declare_streams(broker.connection, settings)
     return broker
-
-
-async def _wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.02)
 
 
 def test_the_dead_letter_subject_keeps_the_tenant_token() -> None:
@@ -91,7 +85,7 @@ async def test_poison_messages_are_kept_counted_and_replayed(nats_settings: Nats
     await bus.publish(broker, JobQueued(tenant=other, job_id="j", position=5))
     await consumer.start()
     try:
-        await _wait_for(lambda: sorted(handled) == [4, 6] and len(told) == 3)
+        await eventually(lambda: sorted(handled) == [4, 6] and len(told) == 3)
         mine = await deadletters.list_dead_letters(js, tenant=tenant)
         assert [json.loads(d.data)["position"] for d in mine] == [1, 5]
         whole, part = mine
@@ -115,14 +109,14 @@ async def test_poison_messages_are_kept_counted_and_replayed(nats_settings: Nats
             nats_settings, [], replay_all=True, tenant=tenant
         )
         assert replayed == [whole.seq, part.seq]
-        await _wait_for(lambda: sorted(handled) == [1, 4, 5, 6])
+        await eventually(lambda: sorted(handled) == [1, 4, 5, 6])
         assert await deadletters.list_dead_letters(js, tenant=tenant) == []
         assert len(await deadletters.list_dead_letters(js, tenant=other)) == 1
         # By id: the other tenant's, whose original id is still in the duplicate window.
         assert await deadletters.operator_replay(
             nats_settings, [theirs[0].seq], replay_all=False, tenant=None
         ) == [theirs[0].seq]
-        await _wait_for(lambda: sorted(handled) == [1, 4, 5, 5, 6])
+        await eventually(lambda: sorted(handled) == [1, 4, 5, 5, 6])
         with pytest.raises(deadletters.UnknownDeadLetter, match=f"dead letter {whole.seq}"):
             await deadletters.replay(js, [whole.seq])  # already replayed
     finally:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Callable
 
 import pydantic
 import pytest
@@ -19,6 +18,7 @@ from shared import bus, deadletters, redelivery
 from shared.events import DEADLETTERS, JOBS, JobQueued
 from shared.settings import NatsSettings, Settings
 from tests.plugins.infra import RunningProcess
+from tests.plugins.waiting import eventually
 
 FAST = bus.RetryPolicy(first_delay_s=0.01, max_delay_s=0.05)
 
@@ -33,12 +33,6 @@ async def _started(settings: NatsSettings, service: str) -> NatsBroker:
     await bus.connect(broker, settings)
     await bus.declare_streams(broker.connection, settings)
     return broker
-
-
-async def _wait_for(predicate: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.02)
 
 
 def _ids() -> tuple[str, str]:
@@ -92,7 +86,7 @@ async def test_a_subscriber_retries_a_recoverable_fault_beyond_ten_deliveries(
     await broker.start()
     try:
         await bus.publish(broker, JobQueued(tenant=tenant, job_id="j", position=7))
-        await _wait_for(lambda: handled == [7])
+        await eventually(lambda: handled == [7], 15)
         assert attempts == [7] * 15
         info = await broker.connection.jetstream().consumer_info(
             JOBS.name, bus.durable_name(service, JobQueued)
@@ -125,7 +119,7 @@ async def test_an_invalid_event_is_dead_lettered_then_terminated(
         await js.publish(subject, json.dumps({"tenant": tenant, "position": 1}).encode())
         await bus.publish(broker, JobQueued(tenant=tenant, job_id="j", position=2))
         await bus.publish(broker, JobQueued(tenant=tenant, job_id="j", position=3))
-        await _wait_for(lambda: seen == [3])
+        await eventually(lambda: seen == [3], 15)
         letters: list[deadletters.DeadLetter] = []
 
         async def dead_lettered() -> None:
@@ -170,7 +164,7 @@ async def test_a_handler_that_settles_the_message_itself_is_left_alone(
     await broker.start()
     try:
         await bus.publish(broker, JobQueued(tenant=tenant, job_id="j", position=0))
-        await _wait_for(lambda: len(deliveries) == 3)
+        await eventually(lambda: len(deliveries) == 3, 15)
         await asyncio.sleep(0.3)  # room for a fourth, were the last not acked
         assert deliveries == [1, 2, 3]
     finally:
@@ -231,7 +225,7 @@ async def test_a_failed_dead_letter_copy_keeps_the_message(
     await broker.start()
     try:
         await bus.publish(broker, JobQueued(tenant=tenant, job_id="j", position=0))
-        await _wait_for(lambda: len(deliveries) >= 3)
+        await eventually(lambda: len(deliveries) >= 3, 15)
         await bus.declare_streams(broker.connection, nats_settings)  # the stream is back
         letters: list[deadletters.DeadLetter] = []
 

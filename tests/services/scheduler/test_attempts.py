@@ -12,7 +12,6 @@ import itertools
 import json
 import signal
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from shared.events import Event, JobEarlyStopRequested, JobRolledOver, TrainingC
 from shared.signing import MemoryNonceStore
 from shared.storage import ObjectStore
 from tests.plugins.infra import free_port
+from tests.plugins.waiting import eventually
 from tests.services.trainer.jobs import REPO_ROOT, tiny_job, tiny_snapshot
 
 MASTER = "test-webhook-master-secret-for-attempts-0123"
@@ -246,13 +246,6 @@ def job_row(engine: Engine, job_id: str) -> JobRow:
         return row
 
 
-async def until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.2)
-
-
 def trainer_of(attempt: AttemptRow) -> psutil.Process:
     """The trainer process under the attempt's launcher."""
     launcher = psutil.Process(int(attempt.ref.partition(":")[0]))
@@ -288,10 +281,12 @@ async def test_a_trainer_killed_with_sigkill_is_recovered_from_its_last_checkpoi
         port=free_port(),
     ) as stack:  # fmt: skip
         queue_job(engine, "ftjob-kill")
-        await until(lambda: len(checkpoint_steps(engine, "ftjob-kill")) >= 2, 120, "checkpoints")
+        await eventually(
+            lambda: len(checkpoint_steps(engine, "ftjob-kill")) >= 2, 120, "checkpoints"
+        )
         [first] = attempts_of(engine, "ftjob-kill")
         trainer_of(first).send_signal(signal.SIGKILL)
-        await until(lambda: any(a.completed for a in attempts_of(engine, "ftjob-kill")), 180,
+        await eventually(lambda: any(a.completed for a in attempts_of(engine, "ftjob-kill")), 180,
                     "the job to finish in a new attempt")  # fmt: skip
     attempts = attempts_of(engine, "ftjob-kill")
     assert [a.number for a in attempts] == [1, 2]
@@ -315,7 +310,7 @@ async def test_a_nan_loss_goes_on_from_the_last_checkpoint_at_half_the_learning_
         env={"TUNELOOP_TEST_NAN_MARKER": str(tmp_path / "nan-injected")},
     ):  # fmt: skip
         queue_job(engine, "ftjob-nan")
-        await until(lambda: any(a.completed for a in attempts_of(engine, "ftjob-nan")), 180,
+        await eventually(lambda: any(a.completed for a in attempts_of(engine, "ftjob-nan")), 180,
                     "the job to finish after its NaN")  # fmt: skip
     attempts = attempts_of(engine, "ftjob-nan")
     assert (tmp_path / "nan-injected").exists()
@@ -337,7 +332,7 @@ async def test_a_job_on_a_provider_with_a_20_second_limit_finishes_across_attemp
         env={"TUNELOOP_TEST_STEP_DELAY_S": "0.1"},
     ) as stack:  # fmt: skip
         queue_job(engine, "ftjob-roll")
-        await until(lambda: any(a.completed for a in attempts_of(engine, "ftjob-roll")), 280,
+        await eventually(lambda: any(a.completed for a in attempts_of(engine, "ftjob-roll")), 280,
                     "the job to finish across attempts")  # fmt: skip
     attempts = attempts_of(engine, "ftjob-roll")
     assert len(attempts) >= 2
@@ -357,10 +352,12 @@ async def test_a_paused_job_stops_at_a_checkpoint_and_resumes_from_it(
         port=free_port(),
     ) as stack:  # fmt: skip
         queue_job(engine, "ftjob-pause")
-        await until(lambda: len(checkpoint_steps(engine, "ftjob-pause")) >= 1, 120, "a checkpoint")
+        await eventually(
+            lambda: len(checkpoint_steps(engine, "ftjob-pause")) >= 1, 120, "a checkpoint"
+        )
         paused = await stack.scheduler.pause(tenant="acme", job_id="ftjob-pause")
         assert paused.status == "paused"
-        await until(lambda: attempts_of(engine, "ftjob-pause")[0].state != "running", 60,
+        await eventually(lambda: attempts_of(engine, "ftjob-pause")[0].state != "running", 60,
                     "the trainer to stop")  # fmt: skip
         await asyncio.sleep(1.0)  # polls pass: a paused job gets no new attempt
         assert len(attempts_of(engine, "ftjob-pause")) == 1
@@ -369,7 +366,7 @@ async def test_a_paused_job_stops_at_a_checkpoint_and_resumes_from_it(
             await stack.scheduler.pause(tenant="acme", job_id="ftjob-pause")
         assert again.value.status == 409
         await stack.scheduler.resume(tenant="acme", job_id="ftjob-pause")
-        await until(lambda: any(a.completed for a in attempts_of(engine, "ftjob-pause")), 180,
+        await eventually(lambda: any(a.completed for a in attempts_of(engine, "ftjob-pause")), 180,
                     "the resumed job to finish")  # fmt: skip
     attempts = attempts_of(engine, "ftjob-pause")
     assert [a.stop_requested for a in attempts] == ["pause", None]
@@ -384,13 +381,13 @@ async def test_a_restarted_scheduler_adopts_its_running_trainer_and_starts_no_ot
     ladder = local_ladder(("local", 1, None))
     async with scheduler_stack(engine, object_store, tmp_path, config, ladder=ladder, port=port):
         queue_job(engine, "ftjob-restart")
-        await until(lambda: len(checkpoint_steps(engine, "ftjob-restart")) >= 1, 120,
+        await eventually(lambda: len(checkpoint_steps(engine, "ftjob-restart")) >= 1, 120,
                     "a checkpoint")  # fmt: skip
     # The scheduler is gone (its reports bounce meanwhile); its trainer runs on, detached.
     [attempt] = attempts_of(engine, "ftjob-restart")
     assert trainer_of(attempt).is_running()
     async with scheduler_stack(engine, object_store, tmp_path, config, ladder=ladder, port=port):
-        await until(lambda: any(a.completed for a in attempts_of(engine, "ftjob-restart")), 180,
+        await eventually(lambda: any(a.completed for a in attempts_of(engine, "ftjob-restart")), 180,
                     "the adopted trainer to finish")  # fmt: skip
     assert [a.id for a in attempts_of(engine, "ftjob-restart")] == [attempt.id]
 
@@ -404,7 +401,9 @@ async def test_a_trainer_that_keeps_failing_fails_the_job_with_each_attempts_rea
         port=free_port(), command=crash,
     ):  # fmt: skip
         queue_job(engine, "ftjob-crash")
-        await until(lambda: job_row(engine, "ftjob-crash").status == "failed", 60, "the failure")
+        await eventually(
+            lambda: job_row(engine, "ftjob-crash").status == "failed", 60, "the failure"
+        )
     row = job_row(engine, "ftjob-crash")
     assert row.error is not None
     error = json.loads(row.error)
@@ -427,7 +426,7 @@ async def test_jobs_go_to_the_first_rung_with_room_and_a_tenants_beyond_its_cap_
         for n, tenant in enumerate(["acme", "acme", "acme", "globex"]):
             queue_job(engine, f"ftjob-{n}", tenant)
             await asyncio.sleep(0.01)  # distinct creation times: first come, first served
-        await until(lambda: len([a for n in range(4) for a in attempts_of(engine, f"ftjob-{n}")])
+        await eventually(lambda: len([a for n in range(4) for a in attempts_of(engine, f"ftjob-{n}")])
                     == 3, 30, "three attempts")  # fmt: skip
         placed = {f"ftjob-{n}": [a.provider for a in attempts_of(engine, f"ftjob-{n}")]
                   for n in range(4)}  # fmt: skip
@@ -438,7 +437,7 @@ async def test_jobs_go_to_the_first_rung_with_room_and_a_tenants_beyond_its_cap_
         }  # fmt: skip
         assert job_row(engine, "ftjob-2").status == "queued"
         await stack.scheduler.cancel(tenant="acme", job_id="ftjob-0")
-        await until(lambda: [a.provider for a in attempts_of(engine, "ftjob-2")] == ["own"], 30,
+        await eventually(lambda: [a.provider for a in attempts_of(engine, "ftjob-2")] == ["own"], 30,
                     "the waiting job to take the freed place")  # fmt: skip
         for n in (1, 2, 3):
             tenant = "globex" if n == 3 else "acme"
@@ -468,15 +467,15 @@ async def test_urgent_jobs_go_first_and_batch_jobs_wait_for_their_window(
             return [j for j in ("ftjob-n", "ftjob-b", "ftjob-u")
                     if any(a.state in ("pending", "running") for a in attempts_of(engine, j))]  # fmt: skip
 
-        await until(lambda: running() == ["ftjob-u"], 30, "the urgent job first")
+        await eventually(lambda: running() == ["ftjob-u"], 30, "the urgent job first")
         await stack.scheduler.cancel(tenant="acme", job_id="ftjob-u")
-        await until(lambda: running() == ["ftjob-n"], 30, "then the normal one")
+        await eventually(lambda: running() == ["ftjob-n"], 30, "then the normal one")
         await stack.scheduler.cancel(tenant="acme", job_id="ftjob-n")
         await asyncio.sleep(1.5)  # polls pass: the batch job waits for its window
         assert running() == []
         assert job_row(engine, "ftjob-b").status == "queued"
         stack.scheduler.settings.batch_window = f"{hour}-{(hour + 1) % 24 or 24}"
-        await until(lambda: running() == ["ftjob-b"], 30, "the batch job in its window")
+        await eventually(lambda: running() == ["ftjob-b"], 30, "the batch job in its window")
         await stack.scheduler.cancel(tenant="acme", job_id="ftjob-b")
 
 
@@ -495,10 +494,12 @@ async def test_a_job_past_its_cost_budget_stops_and_ends_training_at_its_checkpo
         command=WRAPPED_TRAINER, env={"TUNELOOP_TEST_STEP_DELAY_S": "0.1"},
     ) as stack:  # fmt: skip
         queue_job(engine, "ftjob-cost")
-        await until(lambda: len(checkpoint_steps(engine, "ftjob-cost")) >= 1, 120, "a checkpoint")
+        await eventually(
+            lambda: len(checkpoint_steps(engine, "ftjob-cost")) >= 1, 120, "a checkpoint"
+        )
         # Spent already: set once training is under way, so the test waits on no clock.
         set_job(engine, "ftjob-cost", max_cost=1.0)
-        await until(lambda: bool(finished(stack, "ftjob-cost")), 120, "training to end")
+        await eventually(lambda: bool(finished(stack, "ftjob-cost")), 120, "training to end")
         with session_scope(engine) as session:
             spent = usage(session, stack.scheduler.pool, tenant="acme", since=None)
     [attempt] = attempts_of(engine, "ftjob-cost")
@@ -530,10 +531,10 @@ async def test_an_early_stop_ends_training_of_a_running_and_of_a_paused_job(
         scheduler = stack.scheduler
         for job_id in ("ftjob-run", "ftjob-idle"):
             queue_job(engine, job_id)
-        await until(lambda: all(checkpoint_steps(engine, j) for j in ("ftjob-run", "ftjob-idle")),
+        await eventually(lambda: all(checkpoint_steps(engine, j) for j in ("ftjob-run", "ftjob-idle")),
                     120, "a checkpoint of each")  # fmt: skip
         await scheduler.pause(tenant="acme", job_id="ftjob-idle")
-        await until(lambda: attempts_of(engine, "ftjob-idle")[0].state != "running", 60,
+        await eventually(lambda: attempts_of(engine, "ftjob-idle")[0].state != "running", 60,
                     "the paused trainer to stop")  # fmt: skip
         for job_id in ("ftjob-run", "ftjob-idle"):
             request = JobEarlyStopRequested(
@@ -541,7 +542,7 @@ async def test_an_early_stop_ends_training_of_a_running_and_of_a_paused_job(
             )
             await scheduler.early_stop(request)
             await scheduler.early_stop(request)  # redelivered: nothing more happens
-        await until(lambda: bool(finished(stack, "ftjob-run")), 120, "the running job to end")
+        await eventually(lambda: bool(finished(stack, "ftjob-run")), 120, "the running job to end")
         await asyncio.sleep(1.0)  # polls pass: neither job gets another attempt
     [running] = attempts_of(engine, "ftjob-run")
     assert running.stop_requested == "early_stop"
@@ -567,7 +568,9 @@ async def test_a_rung_too_short_to_train_a_step_fails_the_job_instead_of_rolling
         settings={"rollover_lead_s": 0.0},
     ):  # fmt: skip
         queue_job(engine, "ftjob-short")
-        await until(lambda: job_row(engine, "ftjob-short").status == "failed", 60, "the failure")
+        await eventually(
+            lambda: job_row(engine, "ftjob-short").status == "failed", 60, "the failure"
+        )
     attempts = attempts_of(engine, "ftjob-short")
     assert [a.stop_requested for a in attempts] == ["rollover"] * 3
     error = json.loads(job_row(engine, "ftjob-short").error or b"{}")

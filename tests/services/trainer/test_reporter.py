@@ -27,6 +27,7 @@ from services.trainer.reporter import (
 from shared.reports import TrainerReport, parse_report
 from shared.signing import SIGNATURE_HEADER, MemoryNonceStore, SignatureError, verify
 from tests.plugins.infra import free_port
+from tests.plugins.waiting import until
 
 SECRET = "whsec-test-7c1e9f"
 
@@ -142,14 +143,6 @@ def _run_reports() -> list[TrainerReport]:
     ]
 
 
-def _wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met within the deadline")
-        time.sleep(0.02)
-
-
 def test_reports_sent_while_down_arrive_in_order_once_the_endpoint_is_up(
     receiver: Receiver, make_reporter_for: Callable[..., WebhookReporter]
 ) -> None:
@@ -157,7 +150,8 @@ def test_reports_sent_while_down_arrive_in_order_once_the_endpoint_is_up(
     reports = _run_reports()
     for report in reports:
         reporter.send(report)
-    _wait_for(lambda: reporter.stats().failed_attempts >= 2)  # it really was down
+    # It really was down.
+    until("two failed attempts", lambda: reporter.stats().failed_attempts >= 2, 30)
 
     receiver.start()
 
@@ -238,7 +232,7 @@ def test_a_full_buffer_drops_the_oldest_progress_reports_only(
     reporter = make_reporter_for(max_buffered=4)
     started = STAMP.started(world_size=1, device="cpu", method="full")
     reporter.send(started)
-    _wait_for(lambda: reporter.stats().failed_attempts >= 1)
+    until("a failed attempt", lambda: reporter.stats().failed_attempts >= 1, 30)
     p1, p2, p3, p4, p5, p6 = (_progress(step) for step in range(1, 7))
     saved = STAMP.checkpoint_saved(step=4, uri="/out/checkpoints/step-00000004")
     failed = STAMP.failed(reason="nan_loss", message="loss is nan", last_checkpoint_uri=saved.uri)

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import io
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import openai
 from sqlmodel import Session
@@ -22,6 +21,7 @@ from services.hoster.engines import stop_leftovers
 from shared import auth, db, localstack
 from shared.settings import Settings
 from tests.plugins.infra import RunningProcess, make_settings, settings_env
+from tests.plugins.waiting import until
 from tests.services.hoster.checkpoints import BASE_ID
 from tests.services.hoster.process import prepare
 
@@ -29,7 +29,6 @@ LABEL = "billing"
 SUFFIX = "ui-desk"
 ITEMS = 8  # training examples, and as many held out (the evaluator's items)
 _WORDS = ("invoice", "refund", "card", "plan", "receipt", "charge", "tax", "discount")
-T = TypeVar("T")
 
 
 @dataclass
@@ -54,14 +53,6 @@ def secret_of(key: str) -> str:
     match = auth.KEY_PATTERN.fullmatch(key)
     assert match is not None
     return match[2]
-
-
-def until(what: str, check: Callable[[], T | None], timeout_s: float = 180) -> T:
-    deadline = time.monotonic() + timeout_s
-    while (found := check()) is None:
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
-        time.sleep(0.5)
-    return found
 
 
 def _jsonl(numbers: range) -> bytes:

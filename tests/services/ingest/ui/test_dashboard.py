@@ -18,7 +18,8 @@ from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_
 
 from shared.settings import Settings
 from tests.plugins.infra import RunningProcess
-from tests.services.ingest.ui.stack import ITEMS, Stack, running, secret_of, until
+from tests.plugins.waiting import until
+from tests.services.ingest.ui.stack import ITEMS, Stack, running, secret_of
 
 pytestmark = pytest.mark.slow
 CHROMIUM = "/usr/bin/chromium"
