@@ -27,7 +27,7 @@ from services.scheduler.attempts import Attempts
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.jobs import JobError
 from services.scheduler.ladder import ProviderPool
-from services.scheduler.models import CheckpointRow, JobRow
+from services.scheduler.models import CheckpointRow, JobEventRow, JobRow
 from services.scheduler.protocol import TERMINAL, JobCreate
 from services.scheduler.throughput import THROUGHPUT
 from shared import catalogue
@@ -459,15 +459,7 @@ class Scheduler:
 
     def _record_eval(self, event: EvalEvent) -> None:
         with session_scope(self.engine) as session:
-            job = session.get(JobRow, event.job_id)
-            if job is None or job.tenant != event.tenant:
-                return
-            message, data = _eval_message(session, job, event)
-            session.add(job)
-            session.commit()
-            jobs.add_event(
-                session, job.id, message, type="metrics", data=data, event_id=event.event_id
-            )
+            record_eval(session, event)
 
     async def on_registered(self, event: ModelRegistered) -> None:
         if event.job_id is None:
@@ -525,28 +517,53 @@ class Scheduler:
             session.commit()
 
 
+def record_eval(session: Session, event: EvalEvent) -> None:
+    """What the evaluator said of a job, on the job and as its events (once each)."""
+    job = session.get(JobRow, event.job_id)
+    if job is None or job.tenant != event.tenant:
+        return
+    if isinstance(event, EvalCompleted):
+        _record_score(session, job, event.step, event.scores)
+        return
+    if isinstance(event, EvalDecided):
+        # Each score comes on a subscription of its own, in no order with this one: one not
+        # recorded yet is recorded now, ahead of the decision, so a job never ends with a
+        # checkpoint's score missing from its events (the late one then adds nothing).
+        for step, score in sorted(event.scores.items()):
+            _record_score(session, job, step, {"task_score": score})
+    message, data = _eval_message(job, event)
+    session.add(job)
+    session.commit()
+    jobs.add_event(session, job.id, message, type="metrics", data=data, event_id=event.event_id)
+
+
+def _record_score(session: Session, job: JobRow, step: int, scores: dict[str, float]) -> None:
+    """A checkpoint's score: on its checkpoint and as one job event, keyed by job and step (from
+    eval.completed or from the decision, whichever comes first; the other adds nothing)."""
+    event_id = f"{job.id}-score-{step}"
+    if session.get(JobEventRow, event_id) is not None:
+        return
+    score = scores.get("task_score")
+    row = session.exec(
+        select(CheckpointRow).where(CheckpointRow.job_id == job.id, CheckpointRow.step == step)
+    ).first()
+    if row is not None and score is not None:
+        row.task_score = score
+        session.add(row)
+        session.commit()
+    shown = f"{score:.3f}" if score is not None else "not reported"
+    message, data = f"Step {step}: task score {shown}", {"step": step, **scores}
+    jobs.add_event(session, job.id, message, type="metrics", data=data, event_id=event_id)
+
+
 def _eval_message(
-    session: Session,
-    job: JobRow,
-    event: EvalEvent,
+    job: JobRow, event: BaseScored | BestCheckpointChanged | EvalDecided
 ) -> tuple[str, dict[str, Any]]:
     if isinstance(event, BaseScored):
         job.base_score = event.score
         return f"Base model scored {event.score:.3f} on {event.sample_count} eval items", {
             "base_score": event.score
         }
-    if isinstance(event, EvalCompleted):
-        score = event.scores.get("task_score")
-        row = session.exec(
-            select(CheckpointRow).where(
-                CheckpointRow.job_id == job.id, CheckpointRow.step == event.step
-            )
-        ).first()
-        if row is not None and score is not None:
-            row.task_score = score
-            session.add(row)
-        shown = f"{score:.3f}" if score is not None else "not reported"
-        return f"Step {event.step}: task score {shown}", {"step": event.step, **event.scores}
     if isinstance(event, BestCheckpointChanged):
         job.best_step = event.step
         return f"Best checkpoint is now step {event.step} ({event.metric} {event.value:.3f})", {

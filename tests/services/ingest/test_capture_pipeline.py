@@ -77,7 +77,7 @@ def test_a_sample_past_the_inline_limit_is_published_by_reference(
     assert by_ref.sample_ref == object_store.uri(sample_key("acme", by_ref.event_id))
     assert Sample.model_validate_json(object_store.get_bytes(by_ref.sample_ref)) == big
     assert inline.sample == small
-    assert [(d.kind, d.count) for d in pipeline.fidelity.drain()] == [("samples", 2)]
+    assert [(d.kind, d.added) for d in pipeline.fidelity.drain()] == [("samples", 2)]
 
 
 def test_a_sample_past_the_inline_limit_with_storage_away_is_spilled_then_stored(

@@ -223,7 +223,7 @@ def test_prepared_samples_that_fail_to_publish_are_spilled_whole_and_replayed(
     assert pipeline.fidelity.drain() == []
     away = False
     assert asyncio.run(pipeline.replay()) == 3
-    assert [(d.kind, d.count) for d in pipeline.fidelity.drain()] == [("samples", 3)]
+    assert [(d.kind, d.added) for d in pipeline.fidelity.drain()] == [("samples", 3)]
     expected = [SampleCaptured.model_validate_json(p.event.payload).sample for p in prepared]
     assert [event.sample for event in published] == expected
 
