@@ -35,12 +35,13 @@ TENANT = "demo"
 GOAL = 0.9
 
 
-def _key(settings: Settings) -> str:
+def issue_key(settings: Settings, tenant: str = TENANT, name: str = "make demo") -> str:
+    """A key of `tenant` (created if new) in the local stack's database."""
     engine = db.make_engine(settings.database_url)
     try:
         with db.session_scope(engine) as session:
-            auth.ensure_tenant(session, tenant_id=TENANT)
-            _, plaintext = auth.issue_api_key(session, tenant_id=TENANT, name="make demo")
+            auth.ensure_tenant(session, tenant_id=tenant)
+            _, plaintext = auth.issue_api_key(session, tenant_id=tenant, name=name)
             return plaintext
     finally:
         engine.dispose()
@@ -77,7 +78,7 @@ def _run(settings: Settings, args: argparse.Namespace, started_at: float) -> int
         minutes, seconds = divmod(round(time.monotonic() - started_at), 60)
         console.print(f"[dim]{minutes}:{seconds:02d}[/] {message}")
 
-    key = _key(settings)
+    key = issue_key(settings)
     base_url = f"http://{settings.app.bind_host}:{settings.services.ingest_port}"
     client = OpenAI(base_url=f"{base_url}/v1", api_key=key, timeout=600)
 

@@ -39,7 +39,8 @@ from rich.console import Console
 from rich.table import Table
 
 from services.scheduler.lifecycle import trainer_env
-from shared import auth, db, localstack, supervisor
+from shared import localstack, supervisor
+from shared.demo.run import issue_key
 from shared.demo.steps import BASE, dataset, replay
 from shared.demo.steps import follow as follow_job
 from shared.demo.tickets import generate
@@ -51,17 +52,6 @@ GOAL = 1.5
 MIN_POINTS = 8  # the goal is stated at ~8-10 evals
 QUIET_S = 20  # for the load of the stopped processes to settle
 console = Console()
-
-
-def _key(settings: Settings) -> str:
-    engine = db.make_engine(settings.database_url)
-    try:
-        with db.session_scope(engine) as session:
-            auth.ensure_tenant(session, tenant_id=TENANT)
-            _, plaintext = auth.issue_api_key(session, tenant_id=TENANT, name="bench-evals")
-            return plaintext
-    finally:
-        engine.dispose()
 
 
 def _attempt_started(client: OpenAI, job_id: str) -> float:
@@ -81,7 +71,7 @@ def _training_ended(client: OpenAI, job_id: str) -> float:
 
 
 def with_evals(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
-    key = _key(settings)
+    key = issue_key(settings, TENANT, "bench-evals")
     base_url = f"http://{settings.app.bind_host}:{settings.services.ingest_port}"
     client = OpenAI(base_url=f"{base_url}/v1", api_key=key, timeout=600)
     http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=60)

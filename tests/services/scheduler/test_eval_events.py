@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy.engine import Engine
+from sqlmodel import Session
 
 from services.scheduler import jobs
 from services.scheduler.lifecycle import record_eval
@@ -45,6 +46,11 @@ def _decided(scores: dict[int, float]) -> EvalDecided:
     )
 
 
+def _create_job(session: Session) -> None:
+    request = JobCreate.model_validate({"model": "SmolLM2-135M-Instruct", "training_file": "f"})
+    jobs.create(session, job_id=JOB, tenant="acme", request=request, dataset_id="ds-1")
+
+
 def _scores(db_engine: Engine) -> list[tuple[int, Any]]:
     with session_scope(db_engine) as session:
         listed, _ = jobs.events(session, job_id=JOB, after=None, limit=100)
@@ -59,15 +65,7 @@ def test_a_decision_ahead_of_a_score_records_it_and_the_late_score_adds_nothing(
     db_engine: Engine,
 ) -> None:
     with session_scope(db_engine) as session:
-        jobs.create(
-            session,
-            job_id=JOB,
-            tenant="acme",
-            request=JobCreate.model_validate(
-                {"model": "SmolLM2-135M-Instruct", "training_file": "f"}
-            ),
-            dataset_id="ds-1",
-        )
+        _create_job(session)
         record_eval(session, _completed(20, 0.5))
         record_eval(session, _completed(20, 0.5))  # redelivered
         record_eval(session, _decided({20: 0.5, 40: 0.9}))  # before step 40's own event
@@ -82,14 +80,6 @@ def test_a_decision_ahead_of_a_score_records_it_and_the_late_score_adds_nothing(
 
 def test_another_tenants_event_records_nothing(db_engine: Engine) -> None:
     with session_scope(db_engine) as session:
-        jobs.create(
-            session,
-            job_id=JOB,
-            tenant="acme",
-            request=JobCreate.model_validate(
-                {"model": "SmolLM2-135M-Instruct", "training_file": "f"}
-            ),
-            dataset_id="ds-1",
-        )
+        _create_job(session)
         record_eval(session, _completed(20, 0.5).model_copy(update={"tenant": "other"}))
     assert _scores(db_engine) == []
