@@ -38,16 +38,16 @@ ENV_DIR = "TUNELOOP_ACCEL_DIR"
 # Modules that run per span or per sample and are plain Python (no pydantic models defined in
 # them: a model's class body is best left to the interpreter pydantic was written for).
 MODULES: tuple[str, ...] = (
-    "services.ingest.otlp_json",
-    "services.ingest.otlp_proto",
-    "services.ingest.genai_spans",
-    "services.ingest.genai_assembly",
-    "services.ingest.genai_calls",
-    "services.ingest.genai_conventions",
-    "services.ingest.genai_messages",
-    "services.ingest.genai_meta",
-    "services.ingest.genai_sample",
-    "services.ingest.scrub",
+    "services.ingest.otlp.decode_json",
+    "services.ingest.otlp.decode_proto",
+    "services.ingest.otlp.genai_spans",
+    "services.ingest.otlp.genai_assembly",
+    "services.ingest.otlp.genai_calls",
+    "services.ingest.otlp.genai_conventions",
+    "services.ingest.otlp.genai_messages",
+    "services.ingest.otlp.genai_meta",
+    "services.ingest.otlp.genai_sample",
+    "services.ingest.capture.scrub",
     "shared.redact",
 )
 

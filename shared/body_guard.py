@@ -10,7 +10,7 @@ passes it (reading stops there; nothing past the limit is buffered).
 
 A route that streams its body under a limit of its own (`/v1/files`, `/v1/samples/import`) is
 marked `@reads_own_body` and passes untouched. The gateway's proxied calls and `/v1/traces` are
-answered ahead of FastAPI (services/ingest/fastpath.py) and never reach this.
+answered ahead of FastAPI (services/ingest/gateway/fastpath.py) and never reach this.
 """
 
 from __future__ import annotations

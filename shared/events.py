@@ -207,7 +207,7 @@ class CaptureSpilled(Event):
     """Some of a tenant's captured samples waited in an ingest process's spill file while NATS
     or S3 were away, and have all been delivered since: one per tenant and episode, published
     by that ingest once its spill file is empty and the bus is back
-    (services/ingest/spill_watch.py). The calls themselves were answered all along; `refused`
+    (services/ingest/capture/spill_watch.py). The calls themselves were answered all along; `refused`
     samples were lost to capture."""
 
     event_name = "capture.spilled"

@@ -1,7 +1,7 @@
 """`python -m services.ingest`: serve the ingest service on its configured port."""
 
 from services.ingest.app import SERVICE
-from services.ingest.gateway_protocol_contract import http_protocol
+from services.ingest.gateway.protocol_contract import http_protocol
 from shared.service import run
 
 # No access log: the proxied calls are counted in metrics, and a log line per call would cost

@@ -22,20 +22,18 @@ from starlette.datastructures import FormData
 from starlette.datastructures import UploadFile as StarletteUploadFile
 from starlette.types import Message, Receive, Scope, Send
 
-from services.ingest import (
-    dataset_api,
-    eval_sets_api,
-    forwarding,
-    keys_api,
-    samples,
-    service_api,
-    uploads,
-)
-from services.ingest.feedback import api as feedback_api
-from services.ingest.formats import UnknownFormat, check_format
+from services.ingest.datasets import routes as dataset_api
+from services.ingest.eval_sets import routes as eval_sets_api
+from services.ingest.gateway import forwarding
+from services.ingest.gateway.routes import ROUTES, ProxyRoute
 from services.ingest.models import UploadedFile
-from services.ingest.proxy_routes import ROUTES, ProxyRoute
-from services.ingest.state import Ingest
+from services.ingest.runtime import Ingest
+from services.ingest.samples import service_routes as service_api
+from services.ingest.samples import store as samples
+from services.ingest.samples.feedback import routes as feedback_routes
+from services.ingest.tenants import keys as keys_api
+from services.ingest.uploads import files as uploads
+from services.ingest.uploads.formats import UnknownFormat, check_format
 from shared import auth
 from shared.body_guard import reads_own_body
 from shared.db import get_engine, session_scope
@@ -48,8 +46,8 @@ router.include_router(dataset_api.router)
 router.include_router(eval_sets_api.router)
 # A tenant's own keys (admin scope): keys_api.py.
 router.include_router(keys_api.router)
-# Feedback on samples (the gateway names each captured call's sample): feedback/api.py.
-router.include_router(feedback_api.router)
+# Feedback on samples (the gateway names each captured call's sample): feedback/routes.py.
+router.include_router(feedback_routes.router)
 # For the platform's other services, acting for a tenant with the service token: service_api.py.
 router.include_router(service_api.router)
 

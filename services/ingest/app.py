@@ -3,9 +3,9 @@
 from fastapi import FastAPI
 
 from services.ingest import api, handlers, ui
-from services.ingest.datasets import DatasetWorker
-from services.ingest.fastpath import ProxyEndpoints, ProxyRoutes, is_proxy_call
-from services.ingest.state import Ingest
+from services.ingest.datasets.workers import DatasetWorker
+from services.ingest.gateway.fastpath import ProxyEndpoints, ProxyRoutes, is_proxy_call
+from services.ingest.runtime import Ingest
 from shared import bus
 from shared.events import Event
 from shared.service import ServiceRuntime, prepare_worker

@@ -60,7 +60,7 @@ class IngestSettings(BaseSettings):
     # is ~100,000 typical samples: minutes of a busy gateway's traffic, hours of most.
     spill_max_bytes: int = Field(default=1024**3, ge=1024)
     # inline: the ingest service also stores captured samples; process: it leaves that to
-    # `python -m services.ingest.persister` copies, which scale apart from the gateway (they
+    # `python -m services.ingest.capture.persister` copies, which scale apart from the gateway (they
     # share one durable consumer): for a machine with cores to spare or a database far away.
     persister: Literal["inline", "process"] = "inline"
     # OTLP exports of otlp_process_min_bytes or more are decoded and mapped in a pool of this

@@ -17,10 +17,10 @@ from faststream.nats import NatsBroker, NatsRouter
 from faststream.nats.annotations import NatsMessage
 from sqlalchemy.engine import Engine
 
-from services.ingest.capture import Fidelity
-from services.ingest.datasets import DatasetWorker
-from services.ingest.routing import RoutingTable
-from services.ingest.samples import BadSampleEvent, insert_rows, resolve_row, row_from_event
+from services.ingest.capture.call import Fidelity
+from services.ingest.datasets.workers import DatasetWorker
+from services.ingest.gateway.routing import RoutingTable
+from services.ingest.samples.store import BadSampleEvent, insert_rows, resolve_row, row_from_event
 from shared import bus
 from shared.chat import Source
 from shared.db import session_scope

@@ -531,7 +531,7 @@ def record_eval(session: Session, event: EvalEvent) -> None:
         # checkpoint's score missing from its events (the late one then adds nothing).
         for step, score in sorted(event.scores.items()):
             _record_score(session, job, step, {"task_score": score})
-    message, data = _eval_message(job, event)
+    message, data = eval_message(job, event)
     session.add(job)
     session.commit()
     jobs.add_event(session, job.id, message, type="metrics", data=data, event_id=event.event_id)
@@ -556,7 +556,7 @@ def _record_score(session: Session, job: JobRow, step: int, scores: dict[str, fl
     jobs.add_event(session, job.id, message, type="metrics", data=data, event_id=event_id)
 
 
-def _eval_message(
+def eval_message(
     job: JobRow, event: BaseScored | BestCheckpointChanged | EvalDecided
 ) -> tuple[str, dict[str, Any]]:
     if isinstance(event, BaseScored):

@@ -1,4 +1,4 @@
-"""The ingest service's routes for the platform's services (services/ingest/service_api.py),
+"""The ingest service's routes for the platform's services (services/ingest/samples/service_routes.py),
 called with the service token on a tenant's behalf: what a retrain policy needs of the captured
 traffic (checking its dataset spec, counting new samples, building a dataset, reading it back).
 

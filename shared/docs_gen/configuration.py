@@ -44,7 +44,7 @@ OTHERS = (
 # Set by tuneloop for a process it starts; listed so that no one sets them by hand.
 INTERNAL = (
     Other(
-        "services.ingest.shipper_child",
+        "services.ingest.capture.shipper_child",
         "PARENT_ENV",
         "ingest → its shipper",
         "The process id the shipper exits with.",

@@ -27,7 +27,7 @@ import httpx
 from rich.table import Table
 from sqlmodel import Session
 
-from services.ingest.samples import insert_samples
+from services.ingest.samples.store import insert_samples
 from shared import db
 from shared.catalogue import CATALOGUE, SMOLLM2_135M_INSTRUCT
 from shared.chat import Message, ResponseMeta, Sample, ToolCall, ToolDef

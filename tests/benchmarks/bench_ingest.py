@@ -31,8 +31,8 @@ import psutil
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from rich.table import Table
 
-from services.ingest.genai_spans import spans_to_samples
-from services.ingest.otlp import decode_export
+from services.ingest.otlp.export import decode_export
+from services.ingest.otlp.genai_spans import spans_to_samples
 from shared import accel
 from tests.benchmarks import pyspy
 from tests.benchmarks.otlp_traces import SPANS_PER_TRACE, TraceFactory, export_bodies

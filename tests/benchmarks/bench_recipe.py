@@ -119,8 +119,8 @@ def demo_samples() -> list[Sample]:
 
 def write_dataset(samples: list[Sample], base_dir: Path, dest: Path) -> dict[str, Any]:
     """The snapshot dir the trainer reads and the dataset.json the scheduler plans from."""
-    from services.ingest.cleaning.tokens import load_tokenizer
-    from services.ingest.snapshots import compute_stats
+    from services.ingest.datasets.cleaning.tokens import load_tokenizer
+    from services.ingest.datasets.snapshots import compute_stats
 
     dest.mkdir(parents=True)
     (dest / "train.jsonl").write_bytes(b"".join(s.to_json_bytes() + b"\n" for s in samples))

@@ -21,7 +21,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY, generate_latest
 
-from services.ingest import spill_watch
+from services.ingest.capture import spill_watch
 from services.scheduler.notifications import metrics
 from shared.telemetry import setup_telemetry
 

@@ -232,8 +232,10 @@ def module_process(
 
 
 def persister_process(settings: Settings, log_path: Path) -> RunningProcess:
-    """`python -m services.ingest.persister`, ready once it consumes."""
-    return module_process("services.ingest.persister", "persisting samples", settings, log_path)
+    """`python -m services.ingest.capture.persister`, ready once it consumes."""
+    return module_process(
+        "services.ingest.capture.persister", "persisting samples", settings, log_path
+    )
 
 
 def settings_on_private_nats(

@@ -29,7 +29,7 @@ from shared.demo.tickets import (
 )
 from shared.settings import ServicePorts, Settings, load_settings
 from tests.plugins.infra import RunningProcess, free_port, make_settings, settings_env
-from tests.services.ingest.conftest import _tenant_key
+from tests.plugins.tenants import tenant_key
 
 UPSTREAMS = Path(__file__).resolve().parents[2] / "deploy" / "local" / "upstreams.yaml"
 
@@ -208,7 +208,7 @@ def gateway(
     process.start()
     url = f"http://127.0.0.1:{settings.services.ingest_port}"
     try:
-        yield url, _tenant_key(url, "acme")
+        yield url, tenant_key(url, "acme")
     finally:
         process.stop()
 

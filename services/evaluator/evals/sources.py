@@ -28,10 +28,10 @@ EVAL_SET_PREFIX = "evs_"
 # An eval set id, and a version number after `@` (none: the latest).
 _EVAL_SET = re.compile(r"(evs_[0-9A-Za-z]{1,36})(?:@([1-9][0-9]{0,8}))?")
 FILE_PREFIX = "file-"
-# Ingest's upload purpose for eval items (services/ingest/eval_files.py): checked line by line.
+# Ingest's upload purpose for eval items (services/ingest/uploads/eval_files.py): checked line by line.
 EVALS_PURPOSE = "evals"
 SOURCE_ID = "data_source.source.id"
-# The version ingest served (services/ingest/eval_sets_api.py), `latest` resolved.
+# The version ingest served (services/ingest/eval_sets/routes.py), `latest` resolved.
 EVAL_SET_VERSION_HEADER = "x-tuneloop-eval-set-version"
 _ERRORS_NAMED = 3
 

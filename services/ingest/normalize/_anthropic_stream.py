@@ -12,7 +12,7 @@ from __future__ import annotations
 from services.ingest.normalize import NormalizeError
 from services.ingest.normalize._json import JsonObject, at, count, loads, obj, opt_obj, text
 from services.ingest.normalize._sample import Notes
-from services.ingest.sse import parse_sse
+from services.ingest.normalize.sse import parse_sse
 
 # delta type -> (block field it extends, delta field holding the piece)
 _TEXT_DELTAS = {

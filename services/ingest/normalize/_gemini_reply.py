@@ -34,7 +34,7 @@ from services.ingest.normalize._sample import (
     error_reply,
     response_source,
 )
-from services.ingest.sse import parse_sse
+from services.ingest.normalize.sse import parse_sse
 from shared.chat import ProviderError, Usage
 
 # A chunk holding none of these is not a GenerateContentResponse (gr08).

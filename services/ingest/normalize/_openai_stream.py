@@ -13,7 +13,7 @@ from typing import Any
 
 from services.ingest.normalize import NormalizeError
 from services.ingest.normalize._json import JsonObject, at, count, loads, obj, opt_arr, opt_obj
-from services.ingest.sse import parse_sse
+from services.ingest.normalize.sse import parse_sse
 
 _TEXT_DELTAS = ("content", "refusal", "reasoning_content", "reasoning")
 

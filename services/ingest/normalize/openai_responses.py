@@ -49,7 +49,7 @@ from services.ingest.normalize.openai import (
     function_tool,
     usage,
 )
-from services.ingest.sse import parse_sse
+from services.ingest.normalize.sse import parse_sse
 from shared.chat import ContentPart, Message, ReasoningBlock, TextPart, ToolDef
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 from sqlalchemy.engine import make_url
 from starlette.applications import Starlette
@@ -26,8 +25,8 @@ from shared.settings import Settings
 from tests.fakes.serving import ServedInThread
 from tests.fakes.upstream import upstream_key_env, upstreams_yaml
 from tests.plugins.infra import RunningProcess, free_port, make_settings, settings_env
+from tests.plugins.tenants import tenant_key
 
-ADMIN = {"Authorization": "Bearer tuneloop-dev-admin"}
 ANSWERS: dict[str, str | None] = {
     "capital of France": "Paris",
     "2 + 2": "4",
@@ -122,18 +121,6 @@ class Stack:
     upstream: Upstream
     evaluator: RunningProcess  # a test may restart it (stop, start: same ports, same database)
     database: Path  # the stack's SQLite file
-
-
-def tenant_key(url: str, tenant: str, scope: str = "write") -> str:
-    """A key of `tenant` (created if it is new) with `scope`."""
-    httpx.post(f"{url}/v1/admin/tenants", json={"id": tenant, "name": tenant}, headers=ADMIN)
-    response = httpx.post(
-        f"{url}/v1/admin/tenants/{tenant}/api_keys",
-        json={"name": "evals", "scope": scope},
-        headers=ADMIN,
-    )
-    assert response.status_code == 201, response.text
-    return str(response.json()["key"])
 
 
 @contextmanager

@@ -28,7 +28,7 @@ from services.evaluator.judge import JudgeClient
 from services.evaluator.judge_records import DbVerdictCache
 from services.evaluator.judging import Judging
 from services.evaluator.runner import Evaluator
-from services.scheduler.lifecycle import _eval_message
+from services.scheduler.lifecycle import eval_message
 from shared import auth
 from shared.db import make_engine, session_scope
 from shared.events import (
@@ -210,7 +210,7 @@ async def test_an_uncalibrated_judge_does_not_choose_and_the_job_events_say_so(
     assert (decided.best_step, decided.scores[20], decided.gate) == (20, 1.0, "passed")
     assert decided.scores[10] < 1.0  # ROUGE-L, not the judge's 0.55
     job = SimpleNamespace(best_step=None, gate=None)
-    message, _ = _eval_message(job, decided)  # type: ignore[arg-type]  # the scheduler's words
+    message, _ = eval_message(job, decided)  # type: ignore[arg-type]  # the scheduler's words
     assert "fell back to the deterministic ROUGE-L scores" in message
     view = (await world.http.get(f"/v1/evals/{job_id}/judge")).json()
     assert (view["judged"], view["calibration"]["status"]) == (True, "not enough labels")
@@ -309,7 +309,7 @@ async def test_a_fallback_rescores_the_top_checkpoints_with_the_deterministic_gr
         "step 30 1.000 (subset 1.000), step 10 "
     ) in decided.gate_reason
     assert (decided.best_step, decided.best_score, decided.gate) == (20, 1.0, "passed")
-    message, _ = _eval_message(SimpleNamespace(best_step=None, gate=None), decided)  # type: ignore[arg-type]
+    message, _ = eval_message(SimpleNamespace(best_step=None, gate=None), decided)  # type: ignore[arg-type]
     assert "re-scored the top 3 checkpoints on the whole eval split with the deterministic" in (
         message.lower()
     )

@@ -19,11 +19,9 @@ import pytest
 from services.evaluator import records, subset
 from shared.events import CheckpointSaved, JobEarlyStopRequested, TrainingCompleted
 from shared.storage import ObjectStore
-from tests.services.evaluator import test_flow
+from tests.services.evaluator.loop import Loop, job_plan, read_api
+from tests.services.evaluator.loop import loop as loop  # the fixture, this module's own instance
 from tests.services.evaluator.samples import ticket
-from tests.services.evaluator.test_flow import Loop, _client, _plan
-
-loop = test_flow.loop  # the same fixture: real NATS, S3 and SQLite, this module's own instance
 
 VERSION = "ov1"
 # Per step: tickets right on the subset, and on the rest of the split (16 + 16 tickets).
@@ -90,7 +88,7 @@ async def jobs(loop: Loop, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     subject = JobEarlyStopRequested.subject_for(loop.tenant)
     subscription = await loop.broker.connection.subscribe(subject, cb=seen)
     overfit, rescored = f"ftjob-{uuid.uuid4().hex[:12]}", f"ftjob-{uuid.uuid4().hex[:12]}"
-    plan = _plan(loop, overfit, uri, eval_every=10)
+    plan = job_plan(loop, overfit, uri, eval_every=10)
     await loop.publish(plan.model_copy(update={"steps": 100, "dataset_version": VERSION}))
     calls_before = len(loop.hoster.completions)
     for step in (10, 20, 30, 40, 50, 60):
@@ -104,7 +102,7 @@ async def jobs(loop: Loop, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     await loop.wait_for(lambda: bool(loop.of("decided", overfit)))
     overfit_calls = len(loop.hoster.completions) - calls_before
 
-    plan = _plan(loop, rescored, uri, eval_every=7)
+    plan = job_plan(loop, rescored, uri, eval_every=7)
     await loop.publish(plan.model_copy(update={"steps": 21, "dataset_version": VERSION}))
     for step in (7, 14, 21):
         await loop.publish(_saved(loop, rescored, step))
@@ -166,7 +164,7 @@ async def test_rescoring_moves_the_choice_when_the_whole_split_disagrees_with_th
     assert decided["best_checkpoint_uri"].endswith("/step-00000021/")
     reason = decided["gate_reason"]
     assert "the choice moved from step 14, the best on the subset, to step 21" in reason
-    client, key, _ = _client(loop)
+    client, key, _ = read_api(loop)
     body = client.get(
         f"/v1/evals/{jobs['rescored']}", headers={"Authorization": f"Bearer {key}"}
     ).json()

@@ -13,7 +13,7 @@ from sqlalchemy.engine.url import URL
 from services.hoster.announce import live_state
 from services.hoster.models import Deployment
 from services.hoster.served_names import ServedNames
-from services.ingest.routing import RoutingTable
+from services.ingest.gateway.routing import RoutingTable
 from shared.db import make_engine, session_scope
 from shared.events import DeploymentReady, ServedNameChanged
 

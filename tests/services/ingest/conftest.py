@@ -14,8 +14,7 @@ from shared import db, localstack
 from shared.settings import Settings
 from tests.fakes.upstream import FakeUpstream, RunningUpstream, gateway_env
 from tests.plugins.infra import RunningProcess, make_settings
-
-ADMIN = {"Authorization": "Bearer tuneloop-dev-admin"}
+from tests.plugins.tenants import tenant_key
 
 # /v1/files takes at most this much in the tests' service (so that going over it is cheap).
 UPLOAD_LIMIT = 4 * 1024**2
@@ -54,20 +53,6 @@ class Edge:
         return found
 
 
-def _tenant_key(url: str, tenant: str) -> str:
-    assert (
-        httpx.post(
-            f"{url}/v1/admin/tenants", json={"id": tenant, "name": tenant}, headers=ADMIN
-        ).status_code
-        == 201
-    )
-    response = httpx.post(
-        f"{url}/v1/admin/tenants/{tenant}/api_keys", json={"name": "tests"}, headers=ADMIN
-    )
-    assert response.status_code == 201, response.text
-    return str(response.json()["key"])
-
-
 @pytest.fixture(scope="module")
 def edge(
     nats_server: RunningProcess,
@@ -90,8 +75,8 @@ def edge(
         try:
             yield Edge(
                 url,
-                _tenant_key(url, "acme"),
-                _tenant_key(url, "globex"),
+                tenant_key(url, "acme"),
+                tenant_key(url, "globex"),
                 upstream,
                 process,
                 settings,

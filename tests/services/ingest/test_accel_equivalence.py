@@ -13,12 +13,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from services.ingest.otlp import OtlpDecodeError
-from services.ingest.otlp_workers import map_export
+from services.ingest.otlp.export import OtlpDecodeError
+from services.ingest.otlp.workers import map_export
 from shared import accel
 from tests.benchmarks.otlp_traces import TraceFactory, export_bodies
-from tests.services.ingest.test_genai_spans import otlp_fixture_files
-from tests.services.ingest.test_otlp import JSON, PROTO, fixture_body
+from tests.services.ingest.otlp.test_genai_spans import otlp_fixture_files
+from tests.services.ingest.otlp.test_otlp import JSON, PROTO, fixture_body
 
 ROOT = Path(__file__).resolve().parents[3]
 BROKEN = [

@@ -10,8 +10,9 @@ import httpx
 import pytest
 
 from shared.settings import AppSettings
+from tests.plugins.tenants import ADMIN
 from tests.raw_socket import chunked, json_of, raw_post, status_of
-from tests.services.ingest.conftest import ADMIN, Edge
+from tests.services.ingest.conftest import Edge
 
 LIMIT = AppSettings().max_json_body_bytes
 JSON = {"content-type": "application/json"}

@@ -27,9 +27,10 @@ from shared.cli import app as cli
 from shared.settings import Settings, get_settings
 from tests.fakes.upstream import RunningUpstream, gateway_env, recorded
 from tests.plugins.infra import RunningProcess, settings_on_private_nats
-from tests.services.ingest.conftest import ADMIN, Edge
-from tests.services.ingest.test_datasets_api import post
-from tests.services.ingest.test_datasets_flow import PROMPTS, wait_finished
+from tests.plugins.tenants import ADMIN
+from tests.services.ingest.conftest import Edge
+from tests.services.ingest.datasets.test_datasets_api import post
+from tests.services.ingest.datasets.test_datasets_flow import PROMPTS, wait_finished
 
 OPENAI_GATEWAY_ROUTES = (
     "/v1/chat/completions",

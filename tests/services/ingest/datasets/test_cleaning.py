@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.ingest.cleaning import CleaningReport, StepReport, TokenCounter, clean
-from services.ingest.cleaning.basic import drop_empty, drop_overlong
-from services.ingest.cleaning.dedup import dedup_exact, dedup_near
-from services.ingest.cleaning.flags import flag_samples, is_refusal_text
-from services.ingest.cleaning.pii import redact_pii, redact_samples
-from services.ingest.cleaning.scoring import filter_by_score
-from services.ingest.dataset_spec import CleaningOptions
+from services.ingest.datasets.cleaning import CleaningReport, StepReport, TokenCounter, clean
+from services.ingest.datasets.cleaning.basic import drop_empty, drop_overlong
+from services.ingest.datasets.cleaning.dedup import dedup_exact, dedup_near
+from services.ingest.datasets.cleaning.flags import flag_samples, is_refusal_text
+from services.ingest.datasets.cleaning.pii import redact_pii, redact_samples
+from services.ingest.datasets.cleaning.scoring import filter_by_score
+from services.ingest.datasets.spec import CleaningOptions
 from shared.chat import Message, RequestParams, ResponseMeta, ToolCall
 from tests.services.ingest.datasets import make_sample
 

@@ -8,14 +8,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from services.ingest.cleaning import (
+from services.ingest.datasets.cleaning import (
     TokenCounter,
     TokenizerLoadError,
     clean_and_split,
     load_tokenizer,
 )
-from services.ingest.dataset_spec import DatasetSpec
-from services.ingest.snapshots import (
+from services.ingest.datasets.snapshots import (
     SnapshotError,
     compute_stats,
     export_openai_jsonl,
@@ -23,6 +22,7 @@ from services.ingest.snapshots import (
     read_snapshot,
     write_snapshot,
 )
+from services.ingest.datasets.spec import DatasetSpec
 from shared.chat import ImagePart, Message, TextPart, ToolCall, ToolDef
 from shared.storage import ObjectStore
 from tests.services.ingest.datasets import make_sample

@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
-from services.ingest.dataset_spec import DatasetSpec, SampleFilter, SplitOptions, stratum_of
+from services.ingest.datasets.spec import DatasetSpec, SampleFilter, SplitOptions, stratum_of
 from tests.services.ingest.datasets import make_sample
 
 

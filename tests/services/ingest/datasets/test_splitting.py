@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
-from services.ingest.cleaning import clean_and_split
-from services.ingest.cleaning.decontam import decontaminate
-from services.ingest.dataset_spec import CleaningOptions, SplitOptions
-from services.ingest.splitting import SplitError, eval_count, split
+from services.ingest.datasets.cleaning import clean_and_split
+from services.ingest.datasets.cleaning.decontam import decontaminate
+from services.ingest.datasets.spec import CleaningOptions, SplitOptions
+from services.ingest.datasets.split import SplitError, eval_count, split
 from tests.services.ingest.datasets import make_sample
 
 

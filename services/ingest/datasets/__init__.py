@@ -1,0 +1,1 @@
+"""Datasets: the spec, selection, cleaning, the split, the build worker and versioned snapshots."""

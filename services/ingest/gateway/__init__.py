@@ -1,0 +1,1 @@
+"""The gateway: provider calls authenticated, routed to their upstream, relayed byte for byte and journaled."""

@@ -1,0 +1,1 @@
+"""The sample store: listing, counts for the platform's services, feedback, shadow pairs."""

@@ -1,0 +1,1 @@
+"""Tenant administration: tenants and their API keys."""

@@ -1,0 +1,1 @@
+"""Uploads: the Files API, import streams and the file formats they are read in."""
