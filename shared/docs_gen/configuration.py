@@ -27,14 +27,7 @@ class Other:
 
 OTHERS = (
     Other(
-        "shared.accel",
-        "ENV_SWITCH",
-        "ingest",
-        "`0` (or `off`, `false`, `no`) runs the compiled ingest modules from source, e.g. to "
-        "profile with py-spy (docs/architecture.md, Compiled ingest modules).",
-    ),
-    Other(
-        "shared.accel",
+        "services.ingest.accel",
         "ENV_DIR",
         "ingest, `make accel`",
         "Where the compiled ingest modules are built and read; default `.tuneloop/accel` in "

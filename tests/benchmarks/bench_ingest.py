@@ -31,9 +31,9 @@ import psutil
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from rich.table import Table
 
+from services.ingest import accel
 from services.ingest.otlp.export import decode_export
 from services.ingest.otlp.genai_spans import spans_to_samples
-from shared import accel
 from tests.benchmarks import pyspy
 from tests.benchmarks.otlp_traces import SPANS_PER_TRACE, TraceFactory, export_bodies
 from tests.benchmarks.stack import (
@@ -318,6 +318,21 @@ def settle(
     console.print(f"[yellow]the service was still busy after {timeout_s:.0f} s; measuring anyway")
 
 
+def opted_in() -> str:
+    """TUNELOOP_INGEST_ACCEL for the service: as this process has it, else on."""
+    return os.environ.get(accel.OPT_IN, "1")
+
+
+def accel_note() -> str:
+    """Whether the service ran the compiled modules (its log says which, if any, were stale)."""
+    if opted_in() != "1":
+        return f"compiled modules off ({accel.OPT_IN}={opted_in()})"
+    build = accel.finder_for(accel.DEFAULT_DIR)
+    if isinstance(build, str):
+        return f"compiled modules off: {build}"
+    return f"compiled modules on in the service, here {accel.status().describe()}"
+
+
 def start_profile(ingest: Ingest, out: Path) -> tuple[subprocess.Popen[bytes], Path] | None:
     py_spy = ROOT / ".venv-bench" / "bin" / "py-spy"
     if not py_spy.exists():
@@ -364,7 +379,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="process: samples are stored by a separate persister process")  # fmt: skip
     parser.add_argument("--profile", type=Path, nargs="?", const=ROOT / ".tuneloop" / "bench-profile",
                         help="py-spy the ingest process during the last format's run (to DIR); "
-                             "with TUNELOOP_ACCEL=0 it sees into the modules otherwise compiled")  # fmt: skip
+                             "with TUNELOOP_INGEST_ACCEL=0 it sees into the modules otherwise compiled")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, database)")
     return parser.parse_args(argv)
@@ -392,7 +407,8 @@ def main(argv: list[str] | None = None) -> None:
     with workdir(args.keep) as tmp, contextlib.ExitStack() as stack:
         console.log("starting NATS, S3 and the ingest service")
         settings = start_infra(stack, tmp)
-        env = {"TUNELOOP_INGEST_PERSISTER": args.persister}
+        # Opted in to the compiled modules unless told otherwise, as the recorded runs were.
+        env = {"TUNELOOP_INGEST_PERSISTER": args.persister, accel.OPT_IN: opted_in()}
         ingest = start_ingest(stack, settings, tmp, env)
         persister = None
         if args.persister == "process":
@@ -418,7 +434,7 @@ def main(argv: list[str] | None = None) -> None:
                         "hypervisor)")  # fmt: skip
         console.print(f"\nmachine: {os.cpu_count()} CPUs shared by the service, NATS, S3, SQLite "
                       "and this client (other processes may be running); samples counted in SQLite; "
-                      f"{accel.status().describe()} (TUNELOOP_ACCEL=0 runs all from source)")  # fmt: skip
+                      f"{accel_note()} ({accel.OPT_IN}=0 runs all from source)")  # fmt: skip
         report(baselines, pipelines, sizes)
         if args.json:
             args.json.write_bytes(orjson.dumps({"baselines": baselines, "pipelines": pipelines},

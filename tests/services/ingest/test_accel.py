@@ -1,18 +1,21 @@
-"""shared.accel: a compiled module is used only while its source is the one it was built from."""
+"""services.ingest.accel: a compiled module is used only while its source is the one it was built from."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import orjson
 import pytest
 
-from shared import accel
-from shared.accel_build import build, current
+from services.ingest import accel
+from services.ingest.accel.build import build, current
 
+ROOT = Path(__file__).resolve().parents[3]
 PROBE = """
 def greet(name: str) -> str:
     return f"hello {name}"
@@ -87,7 +90,7 @@ def test_no_build_or_a_build_for_another_interpreter_is_not_used(
 def test_make_install_rebuilds_only_when_a_listed_source_or_the_list_changed(
     probe_build: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """`python -m shared.accel_build --if-stale` (make install) skips a current build."""
+    """`python -m services.ingest.accel.build --if-stale` (make install) skips a current build."""
     root, out = probe_build
     assert current(out, modules=["accel_probe"], root=root)
     edited = tmp_path / "accel_probe.py"
@@ -103,12 +106,36 @@ def test_make_install_rebuilds_only_when_a_listed_source_or_the_list_changed(
     assert not current(missing, modules=["accel_probe"], root=root)  # its library is gone
 
 
-def test_this_process_uses_the_build_when_it_is_current() -> None:
-    """What `make install` built is what the tests (and services) run, unless switched off."""
-    status = accel.status()
-    if not status.active:
-        pytest.skip(f"no compiled modules here: {status.reason}")
-    assert status.finder is not None
-    assert status.finder in sys.meta_path
-    for name in status.finder.loaded:
-        assert accel.is_compiled(sys.modules[name]), name
+def _finder_in(code: str, opt_in: str) -> str:
+    """What a fresh process running `code` says of the finder, with TUNELOOP_INGEST_ACCEL=opt_in."""
+    code += "; import sys; from services.ingest import accel; "
+    code += "print(any(isinstance(f, accel.CompiledFinder) for f in sys.meta_path), accel.status().describe())"
+    env = {**os.environ, accel.OPT_IN: opt_in}
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout.strip()
+
+
+def test_the_finder_is_opt_in() -> None:
+    """Off unless the ingest setting opts in; on, it is in place before any listed module."""
+    assert _finder_in("import services.ingest", "0").startswith(
+        "False compiled modules off: not opted in"
+    )
+    opted = _finder_in("import services.ingest.otlp.workers", "1")
+    if "no build" in opted or "is for" in opted:
+        pytest.skip(opted)
+    assert opted.startswith("True compiled modules on (11 of 11 imported)"), opted
+
+
+def test_the_kernel_never_installs_it() -> None:
+    """`shared` (which the trainer and every service import) installs nothing, opted in or not."""
+    code = "import shared, shared.settings, shared.redact; import sys; "
+    code += "print([type(f).__name__ for f in sys.meta_path if 'Compiled' in type(f).__name__])"
+    env = {**os.environ, accel.OPT_IN: "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "[]"

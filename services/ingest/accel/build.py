@@ -1,8 +1,8 @@
-"""`python -m shared.accel_build`: compile the modules `shared.accel` lists (Cython) into
-.tuneloop/accel/, with the manifest of source digests its finder checks. `make install` runs it
-with `--if-stale` (the list lives only in shared.accel.MODULES, so make cannot know which files
-a build depends on: the manifest's digests say whether it is current); it needs a C compiler and
-the Python headers."""
+"""`python -m services.ingest.accel.build`: compile the modules `services.ingest.accel` lists
+(Cython) into .tuneloop/accel/, with the manifest of source digests its finder checks. `make
+install` runs it with `--if-stale` (the list lives only in services.ingest.accel.MODULES, so make
+cannot know which files a build depends on: the manifest's digests say whether it is current);
+it needs a C compiler and the Python headers."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import orjson
 
-from shared.accel import DEFAULT_DIR, MANIFEST, MODULES, ROOT, abi, digest, source_path
+from services.ingest.accel import DEFAULT_DIR, MANIFEST, MODULES, ROOT, abi, digest, source_path
 
 # Python semantics exactly: type annotations are not turned into C-level checks (a `str`
 # annotation would otherwise refuse str subclasses), and functions stay introspectable.
@@ -90,7 +90,9 @@ def current(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m shared.accel_build", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m services.ingest.accel.build", description=__doc__
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_DIR)
     parser.add_argument(
         "--if-stale",
