@@ -17,7 +17,7 @@ from faststream.nats import NatsBroker, NatsRouter
 from faststream.nats.annotations import NatsMessage
 from sqlalchemy.engine import Engine
 
-from services.ingest.capture.call import Fidelity
+from services.ingest.capture.fidelity import Fidelity
 from services.ingest.datasets.workers import DatasetWorker
 from services.ingest.gateway.routing import RoutingTable
 from services.ingest.samples.store import BadSampleEvent, insert_rows, resolve_row, row_from_event

@@ -1,6 +1,6 @@
 """The fidelity report, durable: totals per tenant, source, kind and reason in `ingest_fidelity`.
 
-Each ingest process counts in memory (capture.Fidelity) and adds what it counted to the table
+Each ingest process counts in memory (`Fidelity`) and adds what it counted to the table
 every few seconds (`FidelityFlusher`), so the report covers every worker process and survives
 restarts. A failed flush puts its counts back for the next one. Reasons can quote input (an
 unknown key's name), so past `MAX_STORED_REASONS` distinct reasons of one tenant, source and kind,
@@ -12,17 +12,93 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import defaultdict
-from typing import Any, cast
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from services.ingest.capture.call import Fidelity, FidelityDelta
 from services.ingest.models import FidelityCount
 from services.ingest.samples.store import dialect_insert
 from shared.db import session_scope
+
+_MAX_REASONS = 10_000
+
+
+class FidelityDelta(NamedTuple):
+    tenant: str
+    source: str
+    kind: str  # samples | rejected | dropped
+    reason: str  # "" for samples
+    added: int  # (not `count`: a tuple's own method)
+
+
+@dataclass
+class Fidelity:
+    """What each source made of its input: samples, and what was rejected or dropped, by reason.
+
+    Counted in this process since the last `drain`; fidelity.py adds the drained counts to the
+    database's totals every few seconds, and `report` gives one tenant's unflushed view.
+    """
+
+    samples: Counter[tuple[str, str]] = field(default_factory=Counter)
+    rejected: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    dropped: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+
+    def count_sample(self, tenant: str, source: str) -> None:
+        self.samples[(tenant, source)] += 1
+
+    def count_rejected(self, tenant: str, source: str, reason: str) -> None:
+        self._count(self.rejected, tenant, source, reason)
+
+    def count_dropped(self, tenant: str, source: str, reason: str) -> None:
+        self._count(self.dropped, tenant, source, reason)
+
+    @staticmethod
+    def _count(
+        counter: Counter[tuple[str, str, str]], tenant: str, source: str, reason: str
+    ) -> None:
+        # Reasons can quote input (an unknown key's name); past a bound, they share one bucket.
+        key = (tenant, source, reason[:200])
+        if key not in counter and len(counter) >= _MAX_REASONS:
+            key = (tenant, source, "(other reasons)")
+        counter[key] += 1
+
+    def drain(self) -> list[FidelityDelta]:
+        """Every count as (tenant, source, kind, reason, n), and start again from zero."""
+        deltas = [FidelityDelta(t, s, "samples", "", n) for (t, s), n in self.samples.items()]
+        for kind, counter in (("rejected", self.rejected), ("dropped", self.dropped)):
+            deltas += [FidelityDelta(t, s, kind, r, n) for (t, s, r), n in counter.items()]
+        self.samples, self.rejected, self.dropped = Counter(), Counter(), Counter()
+        return deltas
+
+    def restore(self, deltas: list[FidelityDelta]) -> None:
+        """Put drained counts back (their flush failed), so none is lost."""
+        for d in deltas:
+            if d.kind == "samples":
+                self.samples[(d.tenant, d.source)] += d.added
+            else:
+                counter = self.rejected if d.kind == "rejected" else self.dropped
+                counter[(d.tenant, d.source, d.reason)] += d.added
+
+    def report(self, tenant: str) -> dict[str, Any]:
+        sources = {source for (t, source) in self.samples if t == tenant}
+        sources |= {source for (t, source, _) in (*self.rejected, *self.dropped) if t == tenant}
+        return {
+            source: {
+                "samples": self.samples[(tenant, source)],
+                "rejected": {
+                    r: n for (t, s, r), n in self.rejected.items() if (t, s) == (tenant, source)
+                },
+                "dropped": {
+                    r: n for (t, s, r), n in self.dropped.items() if (t, s) == (tenant, source)
+                },
+            }
+            for source in sorted(sources)
+        }
+
 
 MAX_STORED_REASONS = 1_000
 OTHER_REASONS = "(other reasons)"

@@ -16,8 +16,7 @@ import signal
 import uvloop
 
 from services.ingest import handlers
-from services.ingest.capture.call import Fidelity
-from services.ingest.capture.fidelity import FidelityFlusher
+from services.ingest.capture.fidelity import Fidelity, FidelityFlusher
 from services.ingest.config import IngestSettings
 from shared import bus, db
 from shared.processes import lower_cpu_priority, settle_heap

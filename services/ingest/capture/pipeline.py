@@ -23,16 +23,11 @@ from typing import Any
 
 import orjson
 
-from services.ingest.capture.call import (
-    CapturedCall,
-    Fidelity,
-    Publish,
-    PublishMany,
-    SpillFile,
-    to_exchange,
-)
+from services.ingest.capture.call import CapturedCall, Publish, PublishMany, to_exchange
+from services.ingest.capture.fidelity import Fidelity
 from services.ingest.capture.media import offload_media
 from services.ingest.capture.scrub import scrub_secrets
+from services.ingest.capture.spill import SpillFile
 from services.ingest.normalize import NormalizeError, normalize
 from shared import bus
 from shared.chat import MediaPart, Sample

@@ -41,12 +41,13 @@ import orjson
 import uvloop
 from faststream.nats import NatsBroker
 
-from services.ingest.capture.call import CapturedCall, spill_file
+from services.ingest.capture.call import CapturedCall
 from services.ingest.capture.fidelity import FidelityFlusher
 from services.ingest.capture.journal import CLOSED_SUFFIX, SegmentName, journal_dir
 from services.ingest.capture.pipeline import CapturePipeline
 from services.ingest.capture.private_files import FILE_MODE, write_private
 from services.ingest.capture.shipper_child import PARENT_ENV
+from services.ingest.capture.spill import spill_file
 from services.ingest.config import IngestSettings
 from shared import bus, db
 from shared.events import SampleCaptured

@@ -26,7 +26,7 @@ from datetime import datetime
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from services.ingest.capture.call import SpillFile
+from services.ingest.capture.spill import SpillFile
 from services.ingest.capture.spill_contents import Backlog, BacklogCounter, Tally
 from shared.db import utcnow
 from shared.events import CaptureSpilled, Event

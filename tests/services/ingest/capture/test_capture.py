@@ -15,13 +15,9 @@ import orjson
 import psutil
 import pytest
 
-from services.ingest.capture.call import (
-    CapturedCall,
-    Fidelity,
-    SpillFile,
-    gateway_sample_id,
-    to_exchange,
-)
+from services.ingest.capture.call import CapturedCall, gateway_sample_id, to_exchange
+from services.ingest.capture.fidelity import Fidelity
+from services.ingest.capture.spill import SpillFile
 from services.ingest.normalize import NormalizeError, normalize
 from shared.processes import Incarnation, start_mark, this_incarnation
 from tests.fakes.upstream import recorded

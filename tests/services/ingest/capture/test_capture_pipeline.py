@@ -12,8 +12,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from services.ingest.capture.call import CapturedCall, SpillFile
+from services.ingest.capture.call import CapturedCall
 from services.ingest.capture.pipeline import CapturePipeline, sample_key
+from services.ingest.capture.spill import SpillFile
 from shared import bus
 from shared.chat import Sample
 from shared.events import SampleCaptured

@@ -9,9 +9,9 @@ import httpx
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine
 
-from services.ingest.capture.call import Fidelity
 from services.ingest.capture.fidelity import (
     OTHER_REASONS,
+    Fidelity,
     FidelityFlusher,
     store_deltas,
     stored_report,

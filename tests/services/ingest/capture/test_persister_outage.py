@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from services.ingest import handlers
-from services.ingest.capture.call import Fidelity
+from services.ingest.capture.fidelity import Fidelity
 from shared import bus, db, localstack
 from shared.chat import Message, Sample
 from shared.events import SAMPLES, SampleCaptured

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from services.ingest.capture.call import CapturedCall, SpillFile
+from services.ingest.capture.call import CapturedCall
 from services.ingest.capture.journal import Journal
 from services.ingest.capture.pipeline import CapturePipeline
 from services.ingest.capture.shipper import OFFSET_SUFFIX, JournalShipper, read_batch
+from services.ingest.capture.spill import SpillFile
 from shared.events import SampleCaptured
 from shared.processes import Incarnation, this_incarnation
 from tests.fakes.upstream import recorded

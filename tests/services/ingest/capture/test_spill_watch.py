@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from services.ingest.capture.call import SpillFile
+from services.ingest.capture.spill import SpillFile
 from services.ingest.capture.spill_contents import BacklogCounter, SpillLedger
 from services.ingest.capture.spill_watch import SpillWatch
 from shared.events import CaptureSpilled, Event

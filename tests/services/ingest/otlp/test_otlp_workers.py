@@ -17,8 +17,8 @@ import orjson
 import pytest
 from google.rpc.status_pb2 import Status
 
-from services.ingest.capture.call import SpillFile
 from services.ingest.capture.pipeline import CapturePipeline
+from services.ingest.capture.spill import SpillFile
 from services.ingest.otlp.export import OtlpDecodeError, OtlpTooLargeError
 from services.ingest.otlp.traces import export_failure
 from services.ingest.otlp.workers import ExportMapper, MappedExport, MapperUnavailable, map_export

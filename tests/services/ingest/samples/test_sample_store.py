@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import URL, Engine
 from sqlmodel import Session
 
-from services.ingest.capture.call import Fidelity
+from services.ingest.capture.fidelity import Fidelity
 from services.ingest.capture.pipeline import PreparedSample, sample_key
 from services.ingest.handlers import sample_persister
 from services.ingest.models import SampleRow, SampleTag

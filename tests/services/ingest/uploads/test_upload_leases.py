@@ -20,8 +20,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from services.ingest.capture.call import SpillFile
 from services.ingest.capture.pipeline import CapturePipeline
+from services.ingest.capture.spill import SpillFile
 from services.ingest.models import SampleRow, UploadedFile
 from services.ingest.samples.store import insert_samples
 from services.ingest.uploads import files as uploads
