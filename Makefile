@@ -48,7 +48,7 @@ install: $(STAMP) accel
 
 # The catalogue (shared/catalogue.py) says which models there are; the stamp caches the work.
 $(MODEL)/tuneloop-conversion.json: $(STAMP)
-	TUNELOOP_DATA_DIR=$(DATA) $(BIN)/python -m shared.base_models prepare SmolLM2-135M-Instruct
+	TUNELOOP_DATA_DIR=$(DATA) $(BIN)/python -m shared.dev.base_models prepare SmolLM2-135M-Instruct
 
 model: $(MODEL)/tuneloop-conversion.json
 
@@ -63,18 +63,18 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# docs/reference/ from the code (shared/docs_gen); tests/shared/test_docs_gen.py fails when it drifts.
+# docs/reference/ from the code (shared/dev/docs_gen); tests/shared/test_docs_gen.py fails when it drifts.
 .PHONY: docs
 docs: install
-	$(BIN)/python -m shared.docs_gen
+	$(BIN)/python -m shared.dev.docs_gen
 
 format: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# The whole loop on this machine through the gateway (shared/demo/run.py); ARGS=--keep leaves the stack up.
+# The whole loop on this machine through the gateway (shared/dev/demo/run.py); ARGS=--keep leaves the stack up.
 demo: install model
-	$(BIN)/python -m shared.demo.run $(ARGS)
+	$(BIN)/python -m shared.dev.demo.run $(ARGS)
 
 up: install model
 	$(BIN)/tuneloop up

@@ -2,7 +2,7 @@
 for what a dataset's `base_model` or a job's `model` may name (a catalogue id or the tenant's own
 S3 prefix, never an arbitrary directory or bucket the service can read).
 
-Light on purpose (no torch): the HTTP edge validates ids with it; shared.base_models prepares them.
+Light on purpose (no torch): the HTTP edge validates ids with it; shared.dev.base_models prepares them.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class CatalogueEntry:
 
     id: str
     display_name: str
-    # How `python -m shared.base_models prepare <id>` makes it (no model hub is reachable).
+    # How `python -m shared.dev.base_models prepare <id>` makes it (no model hub is reachable).
     source: str
     context_length: int
     # The chat template is the tokenizer's own (chat_template.jinja in the model dir); this names it.
@@ -126,7 +126,7 @@ def locate(value: str, *, data_dir: Path) -> str:
         return entry.s3_prefix
     raise CatalogueError(
         f"base_model: {entry.id} is not prepared at {local}; run `make model` "
-        f"(or `python -m shared.base_models prepare {entry.id}`)"
+        f"(or `python -m shared.dev.base_models prepare {entry.id}`)"
     )
 
 

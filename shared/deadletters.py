@@ -4,7 +4,7 @@ A consumer that gives up on a message (an undecodable or invalid event, a handle
 `PermanentError`) copies it to TUNELOOP_DEADLETTERS on `tuneloop.<tenant>.deadletter.<rest of
 the original subject>` (the tenant token stays, so NATS permissions scope it as they scope the
 original), with headers naming where it came from and why, and terminates the original only once
-the copy is stored. `tuneloop deadletters list|replay` (shared.cli) call `list_dead_letters` and
+the copy is stored. `tuneloop deadletters list|replay` (shared.dev.cli) call `list_dead_letters` and
 `replay`: a replay republishes the payload and the original headers to the original subject and
 then deletes the copy.
 """

@@ -39,11 +39,11 @@ from rich.console import Console
 from rich.table import Table
 
 from services.scheduler.lifecycle import trainer_env
-from shared import localstack, supervisor
-from shared.demo.run import issue_key
-from shared.demo.steps import BASE, dataset, replay
-from shared.demo.steps import follow as follow_job
-from shared.demo.tickets import generate
+from shared.dev import localstack, supervisor
+from shared.dev.demo.run import issue_key
+from shared.dev.demo.steps import BASE, dataset, replay
+from shared.dev.demo.steps import follow as follow_job
+from shared.dev.demo.tickets import generate
 from shared.settings import Settings, get_settings
 
 ROOT = Path(__file__).resolve().parents[2]

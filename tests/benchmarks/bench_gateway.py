@@ -22,7 +22,7 @@ from pathlib import Path
 
 import orjson
 
-from shared import localstack
+from shared.dev import localstack
 from tests.benchmarks import gateway_report, pyspy
 from tests.benchmarks.stack import (
     Ingest,

@@ -4,7 +4,7 @@ hand sweep of row length x rows a step, each at the same wall-clock budget, on t
     .venv/bin/python -m tests.benchmarks.bench_recipe [--budget-s 300] [--heldout 60]
         [--settings auto,256x1,256x4,512x1,512x4] [--threads 2] [--every-checkpoint] [--keep]
 
-- Data: the demo's 400 training tickets (shared/demo/tickets.py) with the teacher's answers;
+- Data: the demo's 400 training tickets (shared/dev/demo/tickets.py) with the teacher's answers;
   token stats counted as the dataset builder counts them (ingest's `compute_stats`).
 - Auto: the scheduler's path: `planning.plan_job` with `max_duration_s = --budget-s` on the CPU
   throughput row, `planning.trainer_config`, and `python -m services.trainer run` with the
@@ -56,7 +56,7 @@ from services.scheduler.throughput import THROUGHPUT, Throughput
 from services.trainer.model_setup import load_tokenizer
 from shared.catalogue import SMOLLM2_135M_INSTRUCT, get_entry, locate
 from shared.chat import Sample
-from shared.demo.tickets import Ticket, answer_json, field_accuracy, generate
+from shared.dev.demo.tickets import Ticket, answer_json, field_accuracy, generate
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = SMOLLM2_135M_INSTRUCT.id

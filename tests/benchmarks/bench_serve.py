@@ -15,7 +15,7 @@ request at a time, on SmolLM2-135M-Instruct, in the same run.
 - Cold deploy (shown, not judged): a new `LoraEngine` started with the adapter and pinned to it,
   as a deployment's engine is (process start, imports, base and adapter load) -> first token.
   Both are the median of --rounds rounds, with the spread.
-- Throughput: --requests held-out demo tickets (shared/demo/tickets.py, the demo's system
+- Throughput: --requests held-out demo tickets (shared/dev/demo/tickets.py, the demo's system
   prompt), greedy, at most --max-tokens new tokens each, through the engine's OpenAI endpoint
   (`AsyncOpenAI`, non-streamed, --concurrency requests kept in flight) against the baseline: the
   same model in this process, `model.generate` one request at a time on the same token ids, same
@@ -49,7 +49,7 @@ from rich.table import Table
 from services.hoster.config import HosterSettings
 from services.hoster.engines import EngineSpec, LoraEngine
 from shared.catalogue import SMOLLM2_135M_INSTRUCT, locate
-from shared.demo.tickets import generate as generate_tickets
+from shared.dev.demo.tickets import generate as generate_tickets
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = SMOLLM2_135M_INSTRUCT.id

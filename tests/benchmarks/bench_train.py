@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
         result = run_ours(spec) if side == "ours" else run_baseline(spec)
         print(RESULT_PREFIX + json.dumps(result), flush=True)
         return
-    from shared.base_models import convert_gguf_to_hf, smollm2_gguf_path
+    from shared.dev.base_models import convert_gguf_to_hf, smollm2_gguf_path
     from tests.plugins.models import smollm2_model_dir
     from tests.services.trainer.synthetic_chats import make_samples, write_snapshot
 

@@ -20,7 +20,8 @@ from types import FrameType
 import httpx
 from rich.console import Console
 
-from shared import db, localstack
+from shared import db
+from shared.dev import localstack
 from shared.settings import Settings
 from tests.plugins.infra import RunningProcess, make_settings, settings_env
 

@@ -21,8 +21,8 @@ import openai
 from typer.testing import CliRunner, Result
 
 from services.hoster.engines import stop_leftovers
-from shared import localstack
-from shared.cli import app
+from shared.dev import localstack
+from shared.dev.cli import app
 from shared.settings import Settings
 from tests.plugins.infra import RunningProcess, make_settings, settings_env
 from tests.plugins.waiting import until
@@ -97,11 +97,11 @@ def tuneloop(stack: Stack, *args: str, input: str | None = None) -> Result:
 
 
 class Running:
-    """`python -m shared.cli ...` as a process, its output read as it comes."""
+    """`python -m shared.dev.cli ...` as a process, its output read as it comes."""
 
     def __init__(self, stack: Stack, *args: str) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", *args],
+            [sys.executable, "-m", "shared.dev.cli", *args],
             env=os.environ | stack.env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

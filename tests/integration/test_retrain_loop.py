@@ -26,7 +26,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from services.hoster.engines import stop_leftovers
-from shared import localstack
+from shared.dev import localstack
 from shared.settings import Settings
 from tests.fakes.serving import ServedInThread
 from tests.fakes.upstream import upstream_key_env, upstreams_yaml

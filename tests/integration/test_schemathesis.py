@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared import db, localstack
+from shared import db
+from shared.dev import localstack
 from shared.settings import Settings
 from tests.fakes.upstream import RunningUpstream, gateway_env
 from tests.plugins.infra import RunningProcess, make_settings, settings_env

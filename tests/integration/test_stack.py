@@ -19,7 +19,7 @@ COMPONENTS = ("nats", "s3", "ingest", "scheduler", "evaluator", "hoster", "teach
 def tuneloop(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **settings_env(settings), "COLUMNS": "200"}
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli", *args],
+        [sys.executable, "-m", "shared.dev.cli", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -88,7 +88,7 @@ def test_bad_setting_is_one_clear_line(tmp_path: Path) -> None:
     settings = make_settings(tmp_path)
     env = {**os.environ, **settings_env(settings), "TUNELOOP_NATS_PORT": "not-a-port"}
     result = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "status"], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "shared.dev.cli", "status"], env=env, capture_output=True, text=True
     )
     assert result.returncode == 2
     assert "TUNELOOP_NATS_PORT" in result.stderr

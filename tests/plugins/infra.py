@@ -1,6 +1,6 @@
 """Real infrastructure for tests: nats-server with JetStream and SeaweedFS S3, on free ports in a temp dir.
 
-They are started with the same command lines `make up` uses (shared.localstack) and torn down at
+They are started with the same command lines `make up` uses (shared.dev.localstack) and torn down at
 the end. Nothing here mocks our own infrastructure.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from shared import localstack
+from shared.dev import localstack
 from shared.settings import S3Settings, Settings, load_settings
 from shared.storage import ObjectStore
 

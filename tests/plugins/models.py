@@ -18,7 +18,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from services.trainer.rendering import CHATML_TOOLS_TEMPLATE
-from shared.base_models import SMOLLM2_DIR_NAME, convert_gguf_to_hf, smollm2_gguf_path
+from shared.dev.base_models import SMOLLM2_DIR_NAME, convert_gguf_to_hf, smollm2_gguf_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2 as in SmolLM2

@@ -12,8 +12,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from shared import base_models
-from shared.base_models import (
+from shared.dev import base_models
+from shared.dev.base_models import (
     REQUIRED_FILES,
     STAMP_NAME,
     BaseModelError,

@@ -10,8 +10,9 @@ import nats
 import pytest
 from faststream.nats import NatsBroker
 
-from shared import bus, localstack
+from shared import bus
 from shared.chat import Sample
+from shared.dev import localstack
 from shared.events import JOBS, SAMPLES, STREAMS, JobQueued, SampleCaptured
 from shared.settings import NatsSettings, Settings
 from tests.plugins.infra import RunningProcess, free_port, make_settings

@@ -13,8 +13,6 @@ import pytest
 from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer
 
-from shared import base_models
-from shared.base_models import REQUIRED_FILES, BaseModelError, is_complete_conversion
 from shared.catalogue import (
     CATALOGUE,
     SMOLLM2_135M_INSTRUCT,
@@ -24,6 +22,8 @@ from shared.catalogue import (
     get_entry,
     locate,
 )
+from shared.dev import base_models
+from shared.dev.base_models import REQUIRED_FILES, BaseModelError, is_complete_conversion
 from shared.settings import get_settings
 
 SMOL = SMOLLM2_135M_INSTRUCT.id

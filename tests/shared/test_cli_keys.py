@@ -13,7 +13,7 @@ from sqlmodel import Session, select
 from typer.testing import CliRunner, Result
 
 from shared import auth, db
-from shared.cli import app
+from shared.dev.cli import app
 from shared.settings import get_settings
 
 

@@ -148,7 +148,7 @@ def test_the_operator_lists_dead_letters_from_the_command_line(
     tenant = f"t{uuid.uuid4().hex[:10]}"
     asyncio.run(_dead_letter_of(nats_settings, tenant))
     env = os.environ | {"TUNELOOP_NATS_URL": nats_settings.url, "COLUMNS": "250"}
-    command = [sys.executable, "-m", "shared.cli", "deadletters"]
+    command = [sys.executable, "-m", "shared.dev.cli", "deadletters"]
     listed = subprocess.run(
         [*command, "list", "--tenant", tenant], env=env, capture_output=True, text=True
     )

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from shared.demo import tickets
-from shared.demo.tickets import (
+from shared.dev.demo import tickets
+from shared.dev.demo.tickets import (
     ANSWER_SCHEMA,
     FIELDS,
     HELDOUT_SIZE,

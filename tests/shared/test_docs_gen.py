@@ -1,4 +1,4 @@
-"""The generated references (shared/docs_gen): docs/reference/ is what the code makes now, every
+"""The generated references (shared/dev/docs_gen): docs/reference/ is what the code makes now, every
 settings class and every TUNELOOP_* variable of the code is in the configuration reference with
 a description and no secret, every event is in the catalogue, and the description rule reads
 comments as documented."""
@@ -18,8 +18,8 @@ import pytest
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings
 
-from shared.docs_gen import __main__ as docs_main
-from shared.docs_gen import fields
+from shared.dev.docs_gen import __main__ as docs_main
+from shared.dev.docs_gen import fields
 from shared.events import CATALOGUE, STREAMS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     its own: the generator clears this environment's TUNELOOP_* variables)."""
     out = tmp_path_factory.mktemp("reference")
     done = subprocess.run(
-        [sys.executable, "-m", "shared.docs_gen", "--out", str(out)],
+        [sys.executable, "-m", "shared.dev.docs_gen", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,

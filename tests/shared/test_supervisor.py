@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared import localstack, supervisor
+from shared.dev import localstack, supervisor
 from tests.plugins.infra import make_settings
 
 # Writes what it sees (whole, then renamed: readiness is the file's existence), then waits to be

@@ -15,10 +15,11 @@ import openai
 import pytest
 import yaml
 
-from shared import db, localstack
+from shared import db
 from shared.chat import Message, Sample, TextPart
-from shared.demo.teacher import FINGERPRINT, NotATicket, extract
-from shared.demo.tickets import (
+from shared.dev import localstack
+from shared.dev.demo.teacher import FINGERPRINT, NotATicket, extract
+from shared.dev.demo.tickets import (
     SYSTEM_PROMPT,
     TEACHER_MODEL,
     Ticket,

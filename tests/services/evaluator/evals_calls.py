@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from shared import localstack
+from shared.dev import localstack
 from tests.services.evaluator.evals_stack import ITEM_SCHEMA, Stack
 
 JUDGE = "gpt-4o-judge"

@@ -19,7 +19,7 @@ from typing import Any
 import openai
 import pytest
 
-from shared import localstack
+from shared.dev import localstack
 from shared.settings import Settings
 from tests.plugins.infra import RunningProcess
 from tests.services.evaluator.evals_calls import (

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from shared import localstack
+from shared.dev import localstack
 from shared.settings import Settings
 from tests.plugins.infra import RunningProcess
 from tests.services.evaluator.evals_calls import (

@@ -32,7 +32,8 @@ from starlette.routing import Route
 from services.evaluator.app import create_app
 from services.evaluator.judge import JudgeClient
 from services.evaluator.shadow import PairsReader, ShadowScorer
-from shared import auth, bus, db, localstack
+from shared import auth, bus, db
+from shared.dev import localstack
 from shared.events import Event, ServedNameChanged, ServedTarget, ShadowScored
 from shared.settings import Settings
 from tests.fakes.judge import FakeJudge

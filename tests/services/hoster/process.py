@@ -17,7 +17,8 @@ from faststream.nats import NatsBroker
 from sqlmodel import Session
 
 from services.hoster.engines import stop_leftovers
-from shared import auth, bus, db, localstack
+from shared import auth, bus, db
+from shared.dev import localstack
 from shared.events import EvalDecided, Event
 from shared.settings import Settings
 from shared.storage import ObjectStore

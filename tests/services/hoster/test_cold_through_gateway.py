@@ -19,7 +19,8 @@ import pytest
 from faststream.nats import NatsBroker
 
 from services.hoster.engines import stop_leftovers
-from shared import bus, localstack
+from shared import bus
+from shared.dev import localstack
 from shared.events import DEPLOYMENTS, MODELS, DeploymentCold, ModelRegistered
 from shared.settings import Settings
 from shared.storage import ObjectStore

@@ -14,7 +14,8 @@ from typing import Any, Literal
 import pytest
 from faststream.nats import NatsBroker
 
-from shared import bus, localstack
+from shared import bus
+from shared.dev import localstack
 from shared.events import (
     DEPLOYMENTS,
     DeploymentRolledBack,

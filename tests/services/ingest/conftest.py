@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from shared import db, localstack
+from shared import db
+from shared.dev import localstack
 from shared.settings import Settings
 from tests.fakes.upstream import FakeUpstream, RunningUpstream, gateway_env
 from tests.plugins.infra import RunningProcess, make_settings

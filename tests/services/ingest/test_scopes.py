@@ -22,8 +22,9 @@ from services.evaluator.app import create_app as evaluator_app
 from services.hoster.app import create_app as hoster_app
 from services.ingest.api import router as ingest_router
 from services.scheduler.app import create_app as scheduler_app
-from shared import auth, db, localstack
-from shared.cli import app as cli
+from shared import auth, db
+from shared.dev import localstack
+from shared.dev.cli import app as cli
 from shared.settings import Settings, get_settings
 from tests.fakes.upstream import RunningUpstream, gateway_env, recorded
 from tests.plugins.infra import RunningProcess, settings_on_private_nats

@@ -18,9 +18,10 @@ import httpx
 import openai
 import pytest
 
-from shared import db, localstack
+from shared import db
 from shared.catalogue import MODELS_DIR_NAME, SMOLLM2_135M_INSTRUCT
-from shared.demo.tickets import answer_json, generate
+from shared.dev import localstack
+from shared.dev.demo.tickets import answer_json, generate
 from shared.settings import Settings
 from tests.plugins.infra import RunningProcess, make_settings, settings_env
 

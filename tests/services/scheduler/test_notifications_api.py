@@ -19,8 +19,9 @@ import httpx
 import pytest
 
 from services.scheduler.models import AttemptRow, JobRow
-from shared import bus, db, localstack
+from shared import bus, db
 from shared.db import session_scope, utcnow
+from shared.dev import localstack
 from shared.events import (
     CanaryFailed,
     CaptureSpilled,

@@ -9,11 +9,11 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from shared.cli import app
-from shared.cli.datasets import build_spec
-from shared.cli.errors import USAGE, CliError
-from shared.cli.events import Tail, line, name_of
-from shared.cli.follow import Pace, total_steps
+from shared.dev.cli import app
+from shared.dev.cli.datasets import build_spec
+from shared.dev.cli.errors import USAGE, CliError
+from shared.dev.cli.events import Tail, line, name_of
+from shared.dev.cli.follow import Pace, total_steps
 from shared.events import DatasetBuilt
 from tests.plugins.infra import free_port
 

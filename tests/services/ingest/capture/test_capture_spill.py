@@ -21,7 +21,8 @@ import nats
 import nats.js.errors
 import pytest
 
-from shared import db, localstack
+from shared import db
+from shared.dev import localstack
 from shared.events import CAPTURE, CaptureSpilled
 from shared.settings import Settings
 from tests.fakes.upstream import FakeUpstream, RunningUpstream, gateway_env, recorded

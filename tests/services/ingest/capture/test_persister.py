@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shared import db, localstack
+from shared import db
+from shared.dev import localstack
 from shared.settings import Settings
 from tests.plugins.infra import (
     RunningProcess,

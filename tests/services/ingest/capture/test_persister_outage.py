@@ -19,8 +19,9 @@ import pytest
 
 from services.ingest import handlers
 from services.ingest.capture.fidelity import Fidelity
-from shared import bus, db, localstack
+from shared import bus, db
 from shared.chat import Message, Sample
+from shared.dev import localstack
 from shared.events import SAMPLES, SampleCaptured
 from shared.settings import Settings
 from shared.storage import ObjectStore

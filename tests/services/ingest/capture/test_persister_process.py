@@ -8,7 +8,8 @@ import os
 import signal
 from pathlib import Path
 
-from shared import db, localstack
+from shared import db
+from shared.dev import localstack
 from shared.settings import Settings
 from tests.plugins.infra import (
     RunningProcess,

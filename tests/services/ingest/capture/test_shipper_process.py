@@ -14,7 +14,8 @@ import psutil
 import pytest
 
 from services.ingest.capture.journal import SegmentName, journal_dir
-from shared import db, localstack
+from shared import db
+from shared.dev import localstack
 from shared.settings import Settings
 from tests.fakes.upstream import RunningUpstream, gateway_env, recorded
 from tests.plugins.infra import RunningProcess, settings_on_private_nats

@@ -15,7 +15,8 @@ import openai
 import pytest
 
 from services.ingest.datasets.cleaning.report import CleaningReport
-from shared import bus, db, localstack
+from shared import bus, db
+from shared.dev import localstack
 from shared.catalogue import SMOLLM2_135M_INSTRUCT
 from shared.events import DatasetBuildRequested
 from shared.settings import Settings

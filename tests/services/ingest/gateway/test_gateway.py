@@ -24,8 +24,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from services.ingest.config import IngestSettings
 from services.ingest.otlp.workers import map_export
-from shared import bus, localstack
+from shared import bus
 from shared.chat import Sample
+from shared.dev import localstack
 from shared.events import SAMPLES, DeploymentReady, DeploymentStopped, Event, SampleCaptured
 from shared.settings import Settings
 from shared.storage import ObjectStore

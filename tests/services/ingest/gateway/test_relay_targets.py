@@ -14,7 +14,8 @@ import pytest
 from pydantic import ValidationError
 
 from services.ingest.config import IngestSettings, OtherService
-from shared import db, localstack
+from shared import db
+from shared.dev import localstack
 from shared.settings import Settings
 from tests.fakes.raw_http import RawRecorder
 from tests.fakes.upstream import RunningUpstream, gateway_env

@@ -26,7 +26,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from services.ingest.gateway.served import BUCKETS, bucket
-from shared import bus, localstack
+from shared import bus
+from shared.dev import localstack
 from shared.events import CanaryFailed, CanaryPolicy, ServedNameChanged, ServedTarget
 from shared.settings import Settings
 from tests.fakes.serving import ServedInThread

@@ -18,7 +18,8 @@ import openai
 from sqlmodel import Session
 
 from services.hoster.engines import stop_leftovers
-from shared import auth, db, localstack
+from shared import auth, db
+from shared.dev import localstack
 from shared.settings import Settings
 from tests.plugins.infra import RunningProcess, make_settings, settings_env
 from tests.plugins.waiting import until

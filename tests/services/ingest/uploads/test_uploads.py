@@ -14,7 +14,8 @@ from sqlmodel import Session
 
 from services.ingest.models import UploadedFile
 from services.ingest.uploads.files import file_errors_key, file_key
-from shared import db, localstack
+from shared import db
+from shared.dev import localstack
 from shared.storage import ObjectStore
 from tests.services.ingest.conftest import UPLOAD_LIMIT, Edge
 

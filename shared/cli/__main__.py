@@ -1,5 +1,0 @@
-"""`python -m shared.cli`, as the `tuneloop` script."""
-
-from shared.cli import main
-
-main()
