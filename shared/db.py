@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import logging
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,8 +34,10 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 from shared.settings import SettingsError, get_settings
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
-# Services whose `models.py` holds tables; Alembic sees those that exist (see import_table_modules).
-SERVICES_WITH_TABLES = ("ingest", "scheduler", "evaluator", "hoster")
+# The kernel's own tables; a service registers the module holding its own under this entry-point
+# group (pyproject.toml), so Alembic sees them all without shared naming any service.
+KERNEL_TABLES = ("shared.auth", "shared.signing")
+TABLES_GROUP = "tuneloop.tables"
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 POSTGRES_CONNECT_TIMEOUT_S = 10
 _LOCK_KEY = 0x74756E656C6F6F70  # "tuneloop": the PostgreSQL advisory lock migrations hold
@@ -220,23 +222,25 @@ def wait_until_ready(engine: Engine, timeout_s: float = 30.0) -> None:
 # --- migrations -------------------------------------------------------------------------------
 
 
-def import_if_present(module: str) -> bool:
-    """Import `module` if it exists; a missing dependency *inside* it is still an error."""
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        parents = {module.rsplit(".", i)[0] for i in range(module.count(".") + 1)}
-        if exc.name not in parents:
-            raise
-        return False
-    return True
+def registered_table_modules() -> dict[str, str]:
+    """name -> module of every table module registered under TABLES_GROUP (a service each)."""
+    return {point.name: point.value for point in entry_points(group=TABLES_GROUP)}
 
 
 def import_table_modules() -> list[str]:
-    """Import every module that defines tables, so SQLModel.metadata holds them all."""
-    modules = ["shared.auth", "shared.signing"]
-    modules += [f"services.{name}.models" for name in SERVICES_WITH_TABLES]
-    return [module for module in modules if import_if_present(module)]
+    """Import every module that defines tables, so SQLModel.metadata holds them all: the kernel's
+    and those the services register. None registered means an install that predates the
+    registrations: autogenerate would then see every service table as gone, so it is refused."""
+    registered = registered_table_modules()
+    if not registered:
+        raise RuntimeError(
+            f"no table modules registered under the entry-point group {TABLES_GROUP!r}: "
+            "reinstall the project (make install)"
+        )
+    modules = [*KERNEL_TABLES, *registered.values()]
+    for module in modules:
+        importlib.import_module(module)
+    return modules
 
 
 def alembic_config(url: str | URL | None = None) -> Config:

@@ -18,7 +18,7 @@ from shared.db import UTCDateTime, import_table_modules, make_engine
 from shared.settings import get_settings
 
 config = context.config
-# Tables of services that exist yet; a service adds its tables with its own migration here.
+# The kernel's tables and those each service registers (pyproject.toml, shared.db.TABLES_GROUP).
 import_table_modules()
 target_metadata = SQLModel.metadata
 

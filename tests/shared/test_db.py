@@ -1,12 +1,12 @@
 """The database kernel on SQLite and PostgreSQL: migrations, engines, sessions, readiness, CLI."""
 
+import re
 import socket
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated
-from uuid import uuid4
 
 import pytest
 import sqlalchemy as sa
@@ -20,6 +20,7 @@ from sqlalchemy.engine import URL, Engine
 from sqlalchemy.exc import IntegrityError, StatementError
 from sqlmodel import Session, SQLModel, select
 
+from shared import db
 from shared.auth import ApiKey, Tenant
 from shared.db import (
     DatabaseUnavailableError,
@@ -27,7 +28,6 @@ from shared.db import (
     current_revisions,
     downgrade,
     head_revisions,
-    import_if_present,
     import_table_modules,
     main,
     make_engine,
@@ -148,26 +148,27 @@ def test_table_models_match_the_migrations(db_engine: Engine) -> None:
     assert differences == []
 
 
-def test_import_table_modules_finds_the_shared_tables() -> None:
-    assert {"shared.auth", "shared.signing"} <= set(import_table_modules())
+def test_import_table_modules_loads_the_kernel_and_every_registered_service() -> None:
+    modules = import_table_modules()
+    assert {"shared.auth", "shared.signing"} <= set(modules)
+    registered = db.registered_table_modules()
+    assert registered  # each service with tables registers its module (pyproject.toml)
+    for name, module in registered.items():
+        assert module == f"services.{name}.models"
+        assert module in modules
+        assert module in sys.modules
 
 
-def test_import_if_present_skips_only_a_missing_module(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    package = f"fake_service_{uuid4().hex[:8]}"
-    (tmp_path / package).mkdir()
-    (tmp_path / package / "__init__.py").write_text("")
-    (tmp_path / package / "models.py").write_text("LOADED = True\n")
-    (tmp_path / package / "broken.py").write_text("import no_such_dependency_xyz\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+def test_the_kernel_names_no_service() -> None:
+    for path in (Path(db.__file__), db.MIGRATIONS_DIR / "env.py"):
+        assert not re.search(r"services\.\w", path.read_text()), path
 
-    assert import_if_present(f"{package}.models") is True
-    assert import_if_present(f"{package}.absent") is False
-    assert import_if_present("no_such_package_xyz.models") is False
-    # A service whose models exist but fail to import must not be silently left out.
-    with pytest.raises(ModuleNotFoundError, match="no_such_dependency_xyz"):
-        import_if_present(f"{package}.broken")
+
+def test_no_registered_tables_refuses_to_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An install predating the registrations would make autogenerate drop every service table."""
+    monkeypatch.setattr(db, "entry_points", lambda group: [])
+    with pytest.raises(RuntimeError, match="make install"):
+        import_table_modules()
 
 
 # --- engines and sessions ---------------------------------------------------------------------
