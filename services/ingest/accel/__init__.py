@@ -44,12 +44,14 @@ OPT_IN = "TUNELOOP_INGEST_ACCEL"  # the ingest setting `accel`
 # pydantic was written for). `make install` builds exactly these (build.py).
 MODULES: tuple[str, ...] = (
     "services.ingest.otlp.decode_json",
+    "services.ingest.otlp.json_values",
     "services.ingest.otlp.decode_proto",
     "services.ingest.otlp.genai_spans",
     "services.ingest.otlp.genai_assembly",
     "services.ingest.otlp.genai_calls",
     "services.ingest.otlp.genai_conventions",
     "services.ingest.otlp.genai_messages",
+    "services.ingest.otlp.genai_parts",
     "services.ingest.otlp.genai_meta",
     "services.ingest.otlp.genai_sample",
     "services.ingest.capture.scrub",

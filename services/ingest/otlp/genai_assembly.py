@@ -36,7 +36,8 @@ from pydantic import ValidationError
 from services.ingest.normalize import Dropped
 from services.ingest.otlp.export import Span
 from services.ingest.otlp.genai_calls import ChatCall, ToolRun, read_span, result_message
-from services.ingest.otlp.genai_messages import ContentError, ConversionCache, Msg, Notes
+from services.ingest.otlp.genai_messages import ConversionCache
+from services.ingest.otlp.genai_parts import ContentError, Msg, Notes
 from services.ingest.otlp.genai_sample import build_samples
 from shared.chat import Sample, describe_errors
 

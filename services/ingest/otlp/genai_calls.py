@@ -23,16 +23,12 @@ from services.ingest.otlp.genai_conventions import (
 )
 from services.ingest.otlp.genai_messages import (
     ROLES,
-    ContentError,
     ConversionCache,
-    Msg,
-    Notes,
     convert_message,
     convert_messages,
     convert_outputs,
-    decode_json,
-    to_json_text,
 )
+from services.ingest.otlp.genai_parts import ContentError, Msg, Notes, decode_json, to_json_text
 
 _GENAI_PREFIXES = ("gen_ai.", "llm.", "pydantic_ai.", "openinference.")
 _CHAT_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "invoke_agent"})

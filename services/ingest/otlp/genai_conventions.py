@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from services.ingest.otlp.export import Span
-from services.ingest.otlp.genai_messages import ContentError, Notes, decode_json
+from services.ingest.otlp.genai_parts import ContentError, Notes, decode_json
 
 # Highest message / part / tool index read from flattened keys: bounds hostile input (lf08).
 MAX_INDEX = 1000

@@ -16,7 +16,7 @@ from services.ingest.otlp import genai_meta
 from services.ingest.otlp.export import STATUS_ERROR, Span
 from services.ingest.otlp.genai_calls import ChatCall, call_tools
 from services.ingest.otlp.genai_conventions import details_attributes
-from services.ingest.otlp.genai_messages import ContentError, Msg, Notes
+from services.ingest.otlp.genai_parts import ContentError, Msg, Notes
 from shared.chat import Sample, normalize_finish_reason
 from shared.redact import is_secret_name, redact_text
 

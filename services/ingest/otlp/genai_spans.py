@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from services.ingest.otlp.export import Span
 from services.ingest.otlp.genai_assembly import RejectedSpan, TraceResult, assemble_trace
 from services.ingest.otlp.genai_calls import ChatCall, ToolRun, read_span
-from services.ingest.otlp.genai_messages import ContentError
+from services.ingest.otlp.genai_parts import ContentError
 from shared.tenancy import is_tenant_id
 
 __all__ = [
