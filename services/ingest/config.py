@@ -101,8 +101,6 @@ class IngestSettings(BaseSettings):
     dataset_retry_delay_s: float = Field(default=10.0, ge=0)
     # How long a build from files waits for their samples to reach the store before retrying.
     dataset_file_wait_s: float = Field(default=60.0, ge=0)
-    # A pause after each build step: 0 in service; tests set it to stop a build at a known point.
-    dataset_step_pause_s: float = Field(default=0.0, ge=0)
 
     def service_url(self, service: OtherService, settings: Settings) -> str:
         own = {

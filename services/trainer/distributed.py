@@ -151,10 +151,6 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     )
 
 
-def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    return model.module if isinstance(model, DistributedDataParallel) else model
-
-
 def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 

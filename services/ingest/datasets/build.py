@@ -5,9 +5,9 @@
 (`python -m services.ingest.datasets.build`): a build is seconds to minutes of CPU-bound Python,
 which in the service's own process would hold the GIL away from the gateway's event loop. The
 child reads its job as one JSON line on stdin, reports each step as a JSON line on stdout and
-waits for a `go` line before going on (so the parent records progress, notices a lost claim,
-and honours the step pause), and ends with the outcome. A child whose parent died reads EOF at
-its next step and exits.
+waits for a `go` line before going on (so the parent records progress and notices a lost
+claim), and ends with the outcome. A child whose parent died reads EOF at its next step and
+exits.
 """
 
 from __future__ import annotations

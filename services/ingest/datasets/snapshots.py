@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -154,18 +154,6 @@ def read_snapshot(
 def _read_jsonl(path: Path, uri: str) -> list[Sample]:
     with path.open("rb") as lines:
         return [_parse_line(line, uri, path.name, n) for n, line in enumerate(lines, 1)]
-
-
-def export_openai_jsonl(
-    samples: Iterable[Sample],
-    *,
-    include_reasoning: bool = False,
-    resolve_ref: RefResolver | None = None,
-) -> Iterator[bytes]:
-    """OpenAI chat fine-tuning lines (`{"messages": [...], "tools": [...]}`), one per sample.
-    Raises shared.chat.ExportError naming the sample and field it cannot express."""
-    for sample in samples:
-        yield openai_line(sample, include_reasoning=include_reasoning, resolve_ref=resolve_ref)
 
 
 def openai_line(

@@ -202,8 +202,6 @@ class DatasetWorker:
                 future.result(timeout=10)
             except Exception:  # progress is informative; the build goes on without it
                 log.warning("dataset %s: progress event not published", event.dataset_id)
-            if self.settings.dataset_step_pause_s:
-                time.sleep(self.settings.dataset_step_pause_s)
 
         return on_step
 

@@ -16,8 +16,8 @@ import pytest
 
 from services.ingest.datasets.cleaning.report import CleaningReport
 from shared import bus, db
-from shared.dev import localstack
 from shared.catalogue import SMOLLM2_135M_INSTRUCT
+from shared.dev import localstack
 from shared.events import DatasetBuildRequested
 from shared.settings import Settings
 from shared.storage import ObjectStore
@@ -277,6 +277,9 @@ def _ingest(settings: Settings, tmp_path: Path, **dataset_env: str) -> RunningPr
     return RunningProcess(component, tmp_path / "ingest.log", env=env)
 
 
+KILLED = 8_000
+
+
 @pytest.mark.slow
 def test_a_build_killed_mid_way_restarts_cleanly_to_the_same_version(
     private_nats: RunningProcess,
@@ -287,13 +290,14 @@ def test_a_build_killed_mid_way_restarts_cleanly_to_the_same_version(
     settings = settings_on_private_nats(tmp_path / "svc", private_nats, stack_settings)
     db.migrate(settings.database_url)
     url = f"http://127.0.0.1:{settings.services.ingest_port}"
-    # Short ack_wait so the killed build's event comes back quickly; the first process pauses
-    # after each step (a real setting), so the kill lands mid-build, not after it.
-    first = _ingest(settings, tmp_path, ack_wait_s="4", step_pause_s="600")
+    # Short ack_wait so the killed build's event comes back quickly. 8,000 samples take seconds
+    # to clean and split (~2,000 a second, docs/benchmarks.md): the kill, sent once the first
+    # step is recorded, lands mid-build.
+    first = _ingest(settings, tmp_path, ack_wait_s="4")
     first.start()
     try:
         key = tenant_key(url)
-        store_samples(settings.database_url, "acme", "killed", 40)
+        store_samples(settings.database_url, "acme", "killed", KILLED)
         spec = {"name": "killed", "source": {"tags": ["killed"]}, "split": {"eval_size": 4}}
         dataset_id = post(url, key, spec).json()["id"]
 
@@ -312,7 +316,7 @@ def test_a_build_killed_mid_way_restarts_cleanly_to_the_same_version(
         assert interrupted["status"] == "building"
         assert interrupted["version"] is None  # nothing half-built is visible
         resumed = wait_finished(url, key, dataset_id)
-        check_report(resumed, selected=40)
+        check_report(resumed, selected=KILLED)
         assert resumed["attempts"] == 2
         uninterrupted = wait_finished(url, key, post(url, key, spec).json()["id"])
         assert uninterrupted["attempts"] == 1

@@ -17,8 +17,8 @@ from services.ingest.datasets.cleaning import (
 from services.ingest.datasets.snapshots import (
     SnapshotError,
     compute_stats,
-    export_openai_jsonl,
     export_split_to_file,
+    openai_line,
     read_snapshot,
     write_snapshot,
 )
@@ -113,7 +113,7 @@ def test_a_split_exports_to_a_file_line_by_line(object_store: ObjectStore, tmp_p
     for split, samples in (("train", train), ("eval", eval_)):
         dest = tmp_path / f"{split}.jsonl"
         assert export_split_to_file(object_store, snapshot.uri, split, dest) == len(samples)
-        assert dest.read_bytes() == b"".join(export_openai_jsonl(samples))
+        assert dest.read_bytes() == b"".join(openai_line(s) for s in samples)
     # A split file that no longer matches the manifest is refused, not exported.
     object_store.put_bytes(f"{snapshot.uri}train.jsonl", b"{}\n")
     with pytest.raises(SnapshotError, match="sha256"):
@@ -183,7 +183,7 @@ def test_token_percentiles_of_a_big_split_come_from_a_fixed_subsample() -> None:
 
 
 def test_openai_export_lines_are_fine_tuning_records() -> None:
-    lines = list(export_openai_jsonl(_samples()[-2:]))
+    lines = [openai_line(s) for s in _samples()[-2:]]
     tool_record = orjson.loads(lines[0])
     assert tool_record["tools"][0]["function"]["name"] == "weather"
     assert (
