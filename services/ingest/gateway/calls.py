@@ -21,7 +21,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qsl
 
 import orjson
 from starlette.requests import Request
@@ -43,8 +42,13 @@ from services.ingest.gateway.proxy import (
 )
 from services.ingest.gateway.purpose import TAG_PREFIX as PURPOSE_PREFIX
 from services.ingest.gateway.purpose import PurposeRefused, check_tags, purpose_tag
-from services.ingest.gateway.routes import GEMINI_ACTIONS
-from services.ingest.gateway.routing import VERSION_TAG_PREFIX, Api, Route, RoutingTable
+from services.ingest.gateway.reading import (
+    SHADOW_PAIR_PREFIX,
+    check_version_tags,
+    model_from_body,
+    presented_call_key,
+)
+from services.ingest.gateway.routing import Api, Route, RoutingTable
 from services.ingest.gateway.upstream_pool import UpstreamError, UpstreamPool
 from services.ingest.gateway.wake import WakeFailed, Waker
 from shared.auth import (
@@ -128,7 +132,7 @@ class Gateway:
         Raises AuthError (a 401), ScopeError (a 403: the key's scope grants none of
         `accepted`) or BodyTooLarge (a 413), each before reading more than the limit."""
         headers: list[tuple[bytes, bytes]] = scope["headers"]
-        key = _presented_key(headers, scope.get("query_string", b"").decode("latin-1"))
+        key = presented_call_key(headers, scope.get("query_string", b"").decode("latin-1"))
         if key is None:
             raise MissingKeyError(_MISSING_KEY)
         principal = await self._authenticator.verify(key)
@@ -336,14 +340,14 @@ class Gateway:
         except targets.BadTarget as exc:
             return error_response(api, 400, str(exc))
         if model is None and (incoming.body or not model_optional):
-            model_or_error = _model_from_body(incoming.body, api, required=not model_optional)
+            model_or_error = model_from_body(incoming.body, api, required=not model_optional)
             if isinstance(model_or_error, Response):
                 return model_or_error
             model = model_or_error
         incoming.tags = parse_tags(headers)
         try:
             check_tags(incoming.tags)
-            _check_version_tags(incoming.tags)
+            check_version_tags(incoming.tags)
             purpose = purpose_tag(headers, principal)
         except PurposeRefused as exc:
             return error_response(api, exc.status, str(exc))
@@ -384,9 +388,7 @@ class Gateway:
             log.exception("capture of call %s failed", call.request_id)
 
 
-# Both samples of a mirrored call carry `shadow_pair:<id>`; the shadow's also `purpose:shadow`,
-# so dataset builds leave it out unless asked (services/ingest/gateway/purpose.py).
-SHADOW_PAIR_PREFIX = "shadow_pair:"
+# The shadow's sample of a mirrored call also carries `purpose:shadow` (reading.SHADOW_PAIR_PREFIX).
 SHADOW_PURPOSE = f"{PURPOSE_PREFIX}shadow"
 
 
@@ -397,64 +399,3 @@ def split_key(incoming: Incoming, tenant: str) -> bytes:
         if name == b"x-request-id" and value:
             return value
     return tenant.encode() + b"\0" + incoming.body
-
-
-def gemini_method(model_action: str) -> tuple[str, bool] | Response:
-    """`<model>:<action>` of a Gemini path -> (model, whether the call is captured), or the
-    404 Gemini gives for a method it does not have."""
-    model, _, action = model_action.rpartition(":")
-    captured = GEMINI_ACTIONS.get(action)
-    if model and captured is not None:
-        return model, captured
-    methods = ", ".join(f":{name}" for name in GEMINI_ACTIONS)
-    return error_response(
-        "gemini", 404, f"unknown method {model_action!r}: use <model> followed by one of {methods}"
-    )
-
-
-def _check_version_tags(tags: list[str]) -> None:
-    """A caller's own tags may not pose as the version of a deployment or a shadow pair (raises
-    400)."""
-    for prefix in (VERSION_TAG_PREFIX, SHADOW_PAIR_PREFIX):
-        reserved = next((tag for tag in tags if tag.startswith(prefix)), None)
-        if reserved is not None:
-            raise PurposeRefused(
-                400,
-                f"x-tuneloop-tags: {reserved[:40]!r} uses the reserved prefix {prefix!r}; the "
-                "gateway tags the answers of a deployed model with its version and shadow pair",
-            )
-
-
-def _presented_key(headers: list[tuple[bytes, bytes]], query: str) -> str | None:
-    """`shared.auth.presented_key` on raw ASGI headers: Bearer, x-api-key, x-goog-api-key, ?key=."""
-    found: dict[bytes, bytes] = {}
-    for name, value in headers:
-        if name in (b"authorization", b"x-api-key", b"x-goog-api-key") and name not in found:
-            found[name] = value
-    scheme, _, credentials = found.get(b"authorization", b"").decode("latin-1").partition(" ")
-    if scheme.lower() == "bearer" and credentials.strip():
-        return credentials.strip()
-    for name in (b"x-api-key", b"x-goog-api-key"):
-        presented = found.get(name, b"").decode("latin-1").strip()
-        if presented:
-            return presented
-    if "key=" not in query:
-        return None
-    query_key = dict(parse_qsl(query)).get("key", "").strip()
-    return query_key or None
-
-
-def _model_from_body(body: bytes, api: Api, *, required: bool = True) -> str | Response | None:
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        return error_response(api, 400, f"request body is not valid JSON: {exc}")
-    if not isinstance(document, dict):
-        return error_response(api, 400, "request body must be a JSON object")
-    model = document.get("model")
-    if model is None and not required:
-        return None
-    if not isinstance(model, str) or not model:
-        message = "model: required, a non-empty string" if required else "model: a non-empty string"
-        return error_response(api, 400, message, param="model")
-    return model

@@ -22,7 +22,8 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.ingest.gateway.calls import Gateway, gemini_method
+from services.ingest.gateway.calls import Gateway
+from services.ingest.gateway.reading import gemini_method
 from services.ingest.gateway.routes import ROUTES, ProxyRoute
 from services.ingest.otlp.traces import TraceReceiver
 from shared.telemetry import Telemetry

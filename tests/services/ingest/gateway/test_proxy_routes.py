@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from starlette.types import Message, Receive, Scope, Send
 
 from services.ingest.api import router
-from services.ingest.gateway.calls import gemini_method
 from services.ingest.gateway.fastpath import ProxyEndpoints, answers
+from services.ingest.gateway.reading import gemini_method
 from services.ingest.gateway.routes import GEMINI_ACTIONS, ROUTES, ProxyRoute, RouteTable
 
 PROXY_TAGS = {"gateway", "otlp"}
