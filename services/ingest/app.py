@@ -18,6 +18,7 @@ from services.ingest.gateway.calls import Gateway
 from services.ingest.gateway.fastpath import ProxyEndpoints, ProxyRoutes, is_proxy_call
 from services.ingest.gateway.routing import RoutingTable, load_upstreams
 from services.ingest.gateway.wake import Waker
+from services.ingest.http.errors import IngestError
 from services.ingest.otlp.traces import TraceReceiver
 from services.ingest.otlp.workers import ExportMapper
 from services.ingest.runtime import Ingest, Part, Publisher, Uploads, closing, storage
@@ -118,6 +119,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="HTTP edge: the OpenAI/Anthropic/Gemini-compatible gateway, JSONL upload, OTLP trace receiver, sample store and dataset builder.",
         untraced=is_proxy_call,
     )
+    app.add_exception_handler(IngestError, api.ingest_error)
     ui.install(app)  # the dashboard at /ui: services/ingest/ui, docs/dashboard.md
     # The proxied calls and /v1/traces (the table in gateway/routes.py, which api.py documents)
     # are answered ahead of FastAPI: by the HTTP protocol itself when served by

@@ -17,8 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi.responses import FileResponse
+from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 from starlette.background import BackgroundTask
@@ -28,6 +29,7 @@ from services.ingest.datasets import select as dataset_select
 from services.ingest.datasets import snapshots
 from services.ingest.datasets.spec import DatasetSpec
 from services.ingest.datasets.workers import DatasetWorker
+from services.ingest.http.errors import Conflict, NotFound, Unavailable, Unprocessable
 from services.ingest.models import DatasetRow
 from shared import auth, catalogue
 from shared.catalogue import CatalogueError
@@ -49,8 +51,39 @@ async def get_worker(request: Request) -> DatasetWorker:
 WorkerDep = Annotated[DatasetWorker, Depends(get_worker)]
 
 
-def _unprocessable(message: str) -> HTTPException:
-    return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=message)
+class Dataset(BaseModel):
+    """A dataset as the API shows it (OpenAI-like: id, object, times in unix seconds)."""
+
+    id: str
+    object: Literal["dataset"] = "dataset"
+    name: str
+    base_model: str | None
+    status: str = Field(description="queued, building, built or failed")
+    created_at: int | None
+    started_at: int | None
+    finished_at: int | None
+    attempts: int
+    progress: dict[str, Any] | None
+    version: str | None
+    uri: str | None
+    train_count: int | None
+    eval_count: int | None
+    stats: dict[str, Any] | None
+    report: dict[str, Any] | None
+    error: str | None
+    spec: dict[str, Any]
+
+    @classmethod
+    def of(cls, row: DatasetRow) -> Dataset:
+        return cls.model_validate(dataset_rows.dataset_object(row))
+
+
+class DatasetList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Dataset]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
 
 
 def _eval_size(spec: DatasetSpec) -> int | None:
@@ -68,62 +101,50 @@ def check_base_model(spec: DatasetSpec, *, tenant: str, bucket: str) -> None:
         catalogue.check_base_model(spec.base_model, tenant=tenant, bucket=bucket)
         catalogue.locate(spec.base_model, data_dir=get_settings().app.data_dir)
     except CatalogueError as exc:
-        raise _unprocessable(str(exc)) from None
+        raise Unprocessable(str(exc)) from None
 
 
 def check_selection(session: Session, *, tenant: str, spec: DatasetSpec) -> int:
-    """How many samples the spec selects, as far as SQL knows; raises HTTPException when none
-    or when the eval size cannot fit."""
-    files = _checked_files(session, tenant=tenant, file_ids=spec.file_ids, field="file_ids")
-    eval_files = _checked_files(
-        session, tenant=tenant, file_ids=spec.eval_file_ids, field="eval_file_ids"
+    """How many samples the spec selects, as far as SQL knows; Unprocessable when none or when
+    the eval size cannot fit (dataset_select's errors for files unknown, not ready or unfit)."""
+    files = dataset_select.check_files(
+        session, tenant=tenant, file_ids=spec.file_ids, field_name="file_ids"
+    )
+    eval_files = dataset_select.check_files(
+        session, tenant=tenant, file_ids=spec.eval_file_ids, field_name="eval_file_ids"
     )
     if eval_files and not sum(f.samples for f in eval_files):
-        raise _unprocessable("eval_file_ids: the eval files hold no samples")
+        raise Unprocessable("eval_file_ids: the eval files hold no samples")
     selected = sum(f.samples for f in files)
     if spec.source is not None:
         selected += dataset_select.count_filtered(session, tenant=tenant, selection=spec.source)
     if selected == 0:
         where = "source filter" if spec.source is not None else "file_ids"
-        raise _unprocessable(f"empty selection: no samples match the {where}")
+        raise Unprocessable(f"empty selection: no samples match the {where}")
     size = _eval_size(spec)
     if size is not None and size >= selected:
-        raise _unprocessable(
+        raise Unprocessable(
             f"split.eval_size: {size} is not smaller than the {selected} samples selected"
         )
     return selected
 
 
-def _checked_files(
-    session: Session, *, tenant: str, file_ids: list[str], field: str
-) -> list[dataset_select.FileSelection]:
-    try:
-        return dataset_select.check_files(
-            session, tenant=tenant, file_ids=file_ids, field_name=field
-        )
-    except dataset_select.UnknownFile as exc:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=str(exc)) from None
-    except dataset_select.FileNotReady as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from None
-    except dataset_select.SelectionError as exc:
-        raise _unprocessable(str(exc)) from None
-
-
 @router.post(
     "/v1/datasets",
     status_code=status.HTTP_202_ACCEPTED,
+    response_model=Dataset,
     summary="Build a dataset from captured samples or uploaded files (in the background)",
 )
 async def create_dataset(
     spec: DatasetSpec, principal: auth.WriterDep, engine: EngineDep, worker: WorkerDep
-) -> dict[str, Any]:
+) -> Dataset:
     return await start_build(spec, tenant=principal.tenant_id, engine=engine, worker=worker)
 
 
 async def start_build(
     spec: DatasetSpec, *, tenant: str, engine: Engine, worker: DatasetWorker
-) -> dict[str, Any]:
-    """Check what can be checked now (HTTPException naming the problem), record the dataset
+) -> Dataset:
+    """Check what can be checked now (an IngestError naming the problem), record the dataset
     and ask for its build; the dataset object, `queued`."""
     check_base_model(spec, tenant=tenant, bucket=worker.store.bucket)
 
@@ -148,48 +169,46 @@ async def start_build(
         # Not on the bus, nobody would build it: take the row back rather than leave it queued.
         log.warning("dataset %s: build request not published: %s", row.id, exc)
         await asyncio.to_thread(dataset_rows.delete, engine, row.id)
-        raise HTTPException(
-            status.HTTP_503_SERVICE_UNAVAILABLE, detail="the event bus is unavailable; retry"
-        ) from None
-    return dataset_rows.dataset_object(row)
+        raise Unavailable("the event bus is unavailable; retry") from None
+    return Dataset.of(row)
 
 
 def dataset_row(engine: Engine, tenant: str, dataset_id: str) -> DatasetRow:
     with session_scope(engine) as session:
         row = dataset_rows.get(session, tenant=tenant, dataset_id=dataset_id)
     if row is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"dataset {dataset_id!r} not found")
+        raise NotFound(f"dataset {dataset_id!r} not found")
     return row
 
 
-@router.get("/v1/datasets/{dataset_id}", summary="A dataset: status, progress, report, stats")
-def get_dataset(dataset_id: str, principal: auth.PrincipalDep, engine: EngineDep) -> dict[str, Any]:
-    return dataset_rows.dataset_object(dataset_row(engine, principal.tenant_id, dataset_id))
+@router.get(
+    "/v1/datasets/{dataset_id}",
+    response_model=Dataset,
+    summary="A dataset: status, progress, report, stats",
+)
+def get_dataset(dataset_id: str, principal: auth.PrincipalDep, engine: EngineDep) -> Dataset:
+    return Dataset.of(dataset_row(engine, principal.tenant_id, dataset_id))
 
 
-@router.get("/v1/datasets", summary="The tenant's datasets, newest first")
+@router.get(
+    "/v1/datasets", response_model=DatasetList, summary="The tenant's datasets, newest first"
+)
 def list_datasets(
     principal: auth.PrincipalDep,
     engine: EngineDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: Annotated[str | None, Query(description="id of the last dataset seen")] = None,
-) -> dict[str, Any]:
-    try:
-        with session_scope(engine) as session:
-            rows, more = dataset_rows.list_page(
-                session, tenant=principal.tenant_id, limit=limit, after=after
-            )
-    except LookupError:
-        raise HTTPException(
-            status.HTTP_400_BAD_REQUEST, detail=f"after: dataset {after!r} not found"
-        ) from None
-    return {
-        "object": "list",
-        "data": [dataset_rows.dataset_object(row) for row in rows],
-        "first_id": rows[0].id if rows else None,
-        "last_id": rows[-1].id if rows else None,
-        "has_more": more,
-    }
+) -> DatasetList:
+    with session_scope(engine) as session:
+        rows, more = dataset_rows.list_page(
+            session, tenant=principal.tenant_id, limit=limit, after=after
+        )
+    return DatasetList(
+        data=[Dataset.of(row) for row in rows],
+        first_id=rows[0].id if rows else None,
+        last_id=rows[-1].id if rows else None,
+        has_more=more,
+    )
 
 
 @router.get(
@@ -206,9 +225,7 @@ def export_dataset(
 ) -> FileResponse:
     row = dataset_row(engine, principal.tenant_id, dataset_id)
     if row.status != "built" or row.uri is None:
-        raise HTTPException(
-            status.HTTP_409_CONFLICT, detail=f"dataset {dataset_id!r} is {row.status}, not built"
-        )
+        raise Conflict(f"dataset {dataset_id!r} is {row.status}, not built")
     # Converted to a file before the first byte goes out, a line at a time: memory stays flat,
     # and a sample OpenAI's format cannot express is a 422 naming it, not a file cut short.
     work = Path(tempfile.mkdtemp(prefix="dataset-export-"))
@@ -216,7 +233,7 @@ def export_dataset(
         snapshots.export_split_to_file(worker.store, row.uri, split, work / "export.jsonl")
     except ExportError as exc:
         shutil.rmtree(work, ignore_errors=True)
-        raise _unprocessable(f"dataset {dataset_id!r} cannot be exported: {exc}") from None
+        raise Unprocessable(f"dataset {dataset_id!r} cannot be exported: {exc}") from None
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise

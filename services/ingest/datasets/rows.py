@@ -18,12 +18,17 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from services.ingest.http.errors import BadRequest
 from services.ingest.models import DatasetRow
 from shared.db import session_scope, utcnow
 
 ID_PREFIX = "ds_"
 STATUSES = ("queued", "building", "built", "failed")
 ClaimOutcome = Literal["claimed", "missing", "done", "busy"]
+
+
+class UnknownAfter(BadRequest, LookupError):
+    """`after` (a page's anchor) is not one of the tenant's datasets."""
 
 
 def new_dataset_id() -> str:
@@ -79,12 +84,12 @@ def list_page(
     session: Session, *, tenant: str, limit: int, after: str | None
 ) -> tuple[list[DatasetRow], bool]:
     """Newest first, OpenAI style: `after` is the id of the last dataset of the previous page.
-    Raises LookupError when `after` is not one of the tenant's datasets."""
+    Raises UnknownAfter (a LookupError, 400) when `after` is not one of the tenant's datasets."""
     statement = select(DatasetRow).where(DatasetRow.tenant == tenant)
     if after is not None:
         anchor = get(session, tenant=tenant, dataset_id=after)
         if anchor is None:
-            raise LookupError(after)
+            raise UnknownAfter(f"after: dataset {after!r} not found")
         statement = statement.where(
             sa.or_(
                 col(DatasetRow.created_at) < anchor.created_at,

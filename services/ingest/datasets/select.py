@@ -22,6 +22,7 @@ from sqlmodel import Session, col, select
 
 from services.ingest.datasets.spec import SampleFilter
 from services.ingest.gateway.purpose import PLATFORM_PREFIXES
+from services.ingest.http.errors import Unprocessable
 from services.ingest.models import SampleRow, SampleTag, UploadedFile
 from services.ingest.samples.feedback import store as feedback
 from shared.chat import Sample
@@ -30,7 +31,7 @@ from shared.db import UTCDateTime
 PAGE_SIZE = 2_000
 
 
-class SelectionError(ValueError):
+class SelectionError(Unprocessable, ValueError):
     """The selection cannot be used; `field` names the part of the request at fault."""
 
     def __init__(self, field: str, message: str) -> None:
@@ -39,11 +40,11 @@ class SelectionError(ValueError):
 
 
 class UnknownFile(SelectionError):
-    pass
+    status = 404
 
 
 class FileNotReady(SelectionError):
-    pass
+    status = 409
 
 
 @dataclass(frozen=True)

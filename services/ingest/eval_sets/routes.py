@@ -9,12 +9,10 @@ reads a dataset's eval split.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, status
+from fastapi import APIRouter, Depends, Path, Query, status
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.engine import Engine
@@ -24,7 +22,6 @@ from services.ingest.datasets.snapshots import openai_line
 from services.ingest.datasets.spec import SampleFilter
 from services.ingest.eval_sets import refresh as eval_set_refresh
 from services.ingest.eval_sets import store as eval_sets
-from services.ingest.eval_sets.store import EvalSetError
 from services.ingest.models import EvalSetRow, EvalSetVersionRow
 from shared import auth
 from shared.db import get_engine, session_scope
@@ -39,15 +36,6 @@ VersionRef = Annotated[
     ),
 ]
 _METADATA_KEYS, _KEY_CHARS, _VALUE_CHARS = 16, 64, 512
-
-
-@contextmanager
-def _refusals() -> Iterator[None]:
-    """EvalSetError (its status, its message naming the field) as the HTTP answer."""
-    try:
-        yield
-    except EvalSetError as exc:
-        raise HTTPException(exc.status, detail=str(exc)) from None
 
 
 class EvalSetIn(BaseModel):
@@ -166,7 +154,7 @@ def list_eval_sets(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: Annotated[str | None, Query(description="id of the last eval set seen")] = None,
 ) -> EvalSetList:
-    with _refusals(), session_scope(engine) as session:
+    with session_scope(engine) as session:
         rows, more = eval_sets.list_page(
             session, tenant=principal.tenant_id, limit=limit, after=after
         )
@@ -180,7 +168,7 @@ def list_eval_sets(
 
 @router.get("/v1/eval_sets/{eval_set_id}", response_model=EvalSet, summary="An eval set")
 def get_eval_set(eval_set_id: str, principal: auth.PrincipalDep, engine: EngineDep) -> EvalSet:
-    with _refusals(), session_scope(engine) as session:
+    with session_scope(engine) as session:
         return EvalSet.of(
             eval_sets.get(session, tenant=principal.tenant_id, eval_set_id=eval_set_id)
         )
@@ -195,16 +183,15 @@ def get_eval_set(eval_set_id: str, principal: auth.PrincipalDep, engine: EngineD
 async def refresh_eval_set(
     eval_set_id: str, principal: auth.WriterDep, engine: EngineDep, worker: WorkerDep
 ) -> EvalSetVersion:
-    with _refusals():
-        # Reads the built train splits (the dataset worker's store) and up to a few thousand
-        # samples: off the event loop.
-        row = await asyncio.to_thread(
-            eval_set_refresh.refresh,
-            engine,
-            worker.store,
-            tenant=principal.tenant_id,
-            eval_set_id=eval_set_id,
-        )
+    # Reads the built train splits (the dataset worker's store) and up to a few thousand
+    # samples: off the event loop.
+    row = await asyncio.to_thread(
+        eval_set_refresh.refresh,
+        engine,
+        worker.store,
+        tenant=principal.tenant_id,
+        eval_set_id=eval_set_id,
+    )
     return EvalSetVersion.of(row)
 
 
@@ -216,7 +203,7 @@ async def refresh_eval_set(
 def list_versions(
     eval_set_id: str, principal: auth.PrincipalDep, engine: EngineDep
 ) -> EvalSetVersionList:
-    with _refusals(), session_scope(engine) as session:
+    with session_scope(engine) as session:
         row = eval_sets.get(session, tenant=principal.tenant_id, eval_set_id=eval_set_id)
         return EvalSetVersionList(
             data=[EvalSetVersion.of(v) for v in eval_sets.versions(session, row)]
@@ -231,7 +218,7 @@ def list_versions(
 def get_version(
     eval_set_id: str, version: VersionRef, principal: auth.PrincipalDep, engine: EngineDep
 ) -> EvalSetVersion:
-    with _refusals(), session_scope(engine) as session:
+    with session_scope(engine) as session:
         row = eval_sets.get(session, tenant=principal.tenant_id, eval_set_id=eval_set_id)
         return EvalSetVersion.of(eval_sets.version(session, row, version))
 
@@ -244,7 +231,7 @@ def get_version(
 def version_content(
     eval_set_id: str, version: VersionRef, principal: auth.PrincipalDep, engine: EngineDep
 ) -> Response:
-    with _refusals(), session_scope(engine) as session:
+    with session_scope(engine) as session:
         row = eval_sets.get(session, tenant=principal.tenant_id, eval_set_id=eval_set_id)
         chosen = eval_sets.version(session, row, version)
         samples = eval_sets.items(session, chosen)

@@ -22,6 +22,7 @@ from sqlmodel import Session, col, select
 
 from services.ingest.datasets.cleaning.report import StepReport
 from services.ingest.datasets.cleaning.text import prompt_key
+from services.ingest.http.errors import IngestError
 from services.ingest.models import EvalSetItemRow, EvalSetRow, EvalSetVersionRow
 from shared.chat import Sample
 from shared.db import session_scope, utcnow
@@ -34,12 +35,11 @@ HOLDOUT_STEP = "eval_holdout"
 HOLDOUT_REASON = "eval_set"
 
 
-class EvalSetError(Exception):
+class EvalSetError(IngestError):
     """A refusal with its HTTP status; the message names the field or object at fault."""
 
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+        super().__init__(message, status=status)
 
 
 @dataclass(frozen=True)

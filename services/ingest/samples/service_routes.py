@@ -10,14 +10,14 @@ the OpenAPI document, as every `/internal` route is.
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query
+from fastapi import APIRouter, Depends, Path, Query
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
-from services.ingest.datasets import rows as dataset_rows
 from services.ingest.datasets import select as dataset_select
 from services.ingest.datasets.routes import (
+    Dataset,
     EngineDep,
     WorkerDep,
     check_base_model,
@@ -26,7 +26,6 @@ from services.ingest.datasets.routes import (
 )
 from services.ingest.datasets.spec import DatasetSpec, SampleFilter
 from services.ingest.samples import shadow_pairs
-from services.ingest.samples.store import BadCursor
 from shared import auth
 from shared.db import session_scope
 from shared.tenancy import TENANT_PATTERN
@@ -64,10 +63,10 @@ def count_samples(tenant: Tenant, body: SampleCount, engine: EngineDep) -> Count
         )
 
 
-@router.post("/datasets", status_code=202)
+@router.post("/datasets", status_code=202, response_model=Dataset)
 async def build_dataset(
     tenant: Tenant, spec: DatasetSpec, engine: EngineDep, worker: WorkerDep
-) -> dict[str, Any]:
+) -> Dataset:
     """`POST /v1/datasets` for the tenant: the same checks, the same build."""
     return await start_build(spec, tenant=tenant, engine=engine, worker=worker)
 
@@ -86,10 +85,10 @@ def validate_dataset(
         )
 
 
-@router.get("/datasets/{dataset_id}")
-async def dataset(tenant: Tenant, dataset_id: str, engine: EngineDep) -> dict[str, Any]:
+@router.get("/datasets/{dataset_id}", response_model=Dataset)
+async def dataset(tenant: Tenant, dataset_id: str, engine: EngineDep) -> Dataset:
     row = await asyncio.to_thread(dataset_row, engine, tenant, dataset_id)
-    return dataset_rows.dataset_object(row)
+    return Dataset.of(row)
 
 
 @router.get("/shadow_pairs", response_model=shadow_pairs.ShadowPairPage)
@@ -102,7 +101,4 @@ def list_shadow_pairs(
     """The tenant's shadow pairs (a served name's answer and its shadow's to the same call)
     stored after the cursor `after`, oldest first (services/ingest/samples/shadow_pairs.py)."""
     with session_scope(engine) as session:
-        try:
-            return shadow_pairs.list_pairs(session, tenant=tenant, after=after, limit=limit)
-        except BadCursor as exc:
-            raise HTTPException(422, str(exc)) from None
+        return shadow_pairs.list_pairs(session, tenant=tenant, after=after, limit=limit)

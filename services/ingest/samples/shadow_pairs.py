@@ -20,16 +20,21 @@ import sqlalchemy as sa
 from pydantic import BaseModel, Field
 from sqlmodel import Session, col, select
 
-from services.ingest.gateway.calls import SHADOW_PAIR_PREFIX, SHADOW_PURPOSE
+from services.ingest.gateway.calls import SHADOW_PURPOSE
+from services.ingest.gateway.reading import SHADOW_PAIR_PREFIX
 from services.ingest.gateway.routing import VERSION_TAG_PREFIX
+from services.ingest.http.errors import Unprocessable
 from services.ingest.models import SampleRow, SampleTag
-from services.ingest.samples.store import BadCursor
 from shared.chat import Message, Sample
 from shared.db import utcnow
 
 SETTLE_S = 2.0
 # Tags of one prefix as an index range: `;` is the character after `:`.
 _PAIR_LOW, _PAIR_HIGH = SHADOW_PAIR_PREFIX, SHADOW_PAIR_PREFIX[:-1] + ";"
+
+
+class BadAfter(Unprocessable, ValueError):
+    """`after` is not a cursor this API returned (422)."""
 
 
 class Turn(BaseModel):
@@ -74,7 +79,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         stored, _, pair_id = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
         return datetime.fromisoformat(stored), pair_id
     except (ValueError, UnicodeDecodeError):
-        raise BadCursor("after: not a cursor this API returned") from None
+        raise BadAfter("after: not a cursor this API returned") from None
 
 
 def list_pairs(session: Session, *, tenant: str, after: str | None, limit: int) -> ShadowPairPage:

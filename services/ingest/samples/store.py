@@ -16,6 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlmodel import Session, SQLModel, col, select
 
+from services.ingest.http.errors import BadRequest
 from services.ingest.models import SampleRow, SampleTag
 from shared.chat import SCHEMA_VERSION, Sample, Source
 from shared.db import utcnow
@@ -44,8 +45,8 @@ _REPLACED = ("body", "message_count", "status", "finish_reason", "model", "provi
 _COLUMNS = ("id", "tenant", "source", "ingested_at", *_REPLACED)
 
 
-class BadCursor(ValueError):
-    pass
+class BadCursor(BadRequest, ValueError):
+    """`cursor` is not one this API returned (400)."""
 
 
 def dialect_insert(session: Session, table: sa.Table) -> Any:

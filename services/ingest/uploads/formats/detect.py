@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple, get_args
 
+from services.ingest.http.errors import BadRequest
 from services.ingest.normalize import NormalizeError
 from services.ingest.uploads.formats import logs
 from services.ingest.uploads.formats._common import JsonObject
@@ -22,7 +23,7 @@ _Family = Format | Literal["log"]
 _EXPECTED = "expected one of messages / conversations / instruction / request+response"
 
 
-class UnknownFormat(ValueError):
+class UnknownFormat(BadRequest, ValueError):
     """The `format` asked for is not one this module reads (a bad request, not a bad line)."""
 
 
@@ -33,7 +34,7 @@ def check_format(name: str) -> Format | Literal["auto"]:
     for known in FORMATS:
         if name == known:
             return known
-    raise UnknownFormat(f"unknown format {name!r}: expected auto, {', '.join(FORMATS)}")
+    raise UnknownFormat(f"format: unknown format {name!r}: expected auto, {', '.join(FORMATS)}")
 
 
 class Detected(NamedTuple):
