@@ -121,7 +121,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.add_exception_handler(IngestError, api.ingest_error)
     ui.install(app)  # the dashboard at /ui: services/ingest/ui, docs/dashboard.md
-    # The proxied calls and /v1/traces (the table in gateway/routes.py, which api.py documents)
+    # The proxied calls and /v1/traces (the table in gateway/routes.py, which gateway/documented.py documents)
     # are answered ahead of FastAPI: by the HTTP protocol itself when served by
     # `python -m services.ingest`, else by the middleware.
     assert runtime.telemetry is not None

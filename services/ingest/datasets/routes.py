@@ -29,18 +29,18 @@ from services.ingest.datasets import select as dataset_select
 from services.ingest.datasets import snapshots
 from services.ingest.datasets.spec import DatasetSpec
 from services.ingest.datasets.workers import DatasetWorker
+from services.ingest.http.deps import EngineDep
 from services.ingest.http.errors import Conflict, NotFound, Unavailable, Unprocessable
 from services.ingest.models import DatasetRow
 from shared import auth, catalogue
 from shared.catalogue import CatalogueError
 from shared.chat import ExportError
-from shared.db import get_engine, session_scope
+from shared.db import session_scope
 from shared.events import DatasetBuildRequested
 from shared.settings import get_settings
 
 log = logging.getLogger("tuneloop.ingest.datasets")
 router = APIRouter(tags=["datasets"])
-EngineDep = Annotated[Engine, Depends(get_engine)]
 
 
 async def get_worker(request: Request) -> DatasetWorker:

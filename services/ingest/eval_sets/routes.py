@@ -12,22 +12,21 @@ import asyncio
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, Depends, Path, Query, status
+from fastapi import APIRouter, Path, Query, status
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy.engine import Engine
 
 from services.ingest.datasets.routes import WorkerDep
 from services.ingest.datasets.snapshots import openai_line
 from services.ingest.datasets.spec import SampleFilter
 from services.ingest.eval_sets import refresh as eval_set_refresh
 from services.ingest.eval_sets import store as eval_sets
+from services.ingest.http.deps import EngineDep
 from services.ingest.models import EvalSetRow, EvalSetVersionRow
 from shared import auth
-from shared.db import get_engine, session_scope
+from shared.db import session_scope
 
 router = APIRouter(tags=["eval sets"])
-EngineDep = Annotated[Engine, Depends(get_engine)]
 VersionRef = Annotated[
     str,
     Path(

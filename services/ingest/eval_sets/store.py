@@ -4,7 +4,7 @@ This module is the tables' side: create, read, list, write a version, and what e
 build asks of them (`hold_out`): the samples any version of any of the tenant's eval sets holds
 never reach a train split, by sample id or by prompt (`cleaning.text.prompt_key`, the key the
 split keeps on one side; equal content means an equal prompt). Choosing a version's samples is
-eval_set_refresh.py; the routes are eval_sets_api.py.
+refresh.py; the routes are routes.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A proxied call needs no framework routing, dependency resolution or per-request span, and on a
 small machine those cost more than the proxying itself. `ProxyEndpoints` answers every call in
-the route table (services.ingest.gateway.routes, which api.py documents from too): the provider
+the route table (services.ingest.gateway.routes, which documented.py documents from too): the provider
 calls through `Gateway.serve`, `POST /v1/traces` through `TraceReceiver` (an export of a trace or
 two is cheaper to decode than FastAPI's share of it). The HTTP server hands those calls to it
 directly (services.ingest.gateway.protocol); `ProxyRoutes` does the same as middleware in front

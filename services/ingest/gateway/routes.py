@@ -1,6 +1,6 @@
 """The gateway's one route table: every provider call it proxies and the OTLP trace export.
 
-fastpath.py dispatches from it ahead of FastAPI, api.py generates the OpenAPI documentation of
+fastpath.py dispatches from it ahead of FastAPI, documented.py generates the OpenAPI documentation of
 the same calls from it, and the request counter labels them with its templates; a proxied path
 that is not in `ROUTES` is neither served nor documented.
 """

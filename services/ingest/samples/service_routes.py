@@ -18,13 +18,13 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict
 from services.ingest.datasets import select as dataset_select
 from services.ingest.datasets.routes import (
     Dataset,
-    EngineDep,
     WorkerDep,
     check_base_model,
     dataset_row,
     start_build,
 )
 from services.ingest.datasets.spec import DatasetSpec, SampleFilter
+from services.ingest.http.deps import EngineDep
 from services.ingest.samples import shadow_pairs
 from shared import auth
 from shared.db import session_scope

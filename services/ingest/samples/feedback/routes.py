@@ -6,17 +6,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Self
 
-from fastapi import APIRouter, Depends, Query, status
+from fastapi import APIRouter, Query, status
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from sqlalchemy.engine import Engine
 
+from services.ingest.http.deps import EngineDep
 from services.ingest.models import FeedbackRow
 from services.ingest.samples.feedback import store
 from shared import auth
-from shared.db import get_engine, session_scope
+from shared.db import session_scope
 
 router = APIRouter(tags=["feedback"])
-EngineDep = Annotated[Engine, Depends(get_engine)]
 
 # Any sample id (the gateway's are uuids; an upload may bring its own) up to the store's 64
 # characters, without control characters.
