@@ -2,12 +2,12 @@
 
 `POST /v1/files` stores the file in object storage first (so it survives a restart), answers at
 once like OpenAI's files API, and processes it in the background. One live process works a file:
-it takes a lease on the file's row with one conditional UPDATE and renews it while it works. Every
-process sweeps now and then for unfinished files nobody holds (new ones, and those whose process
-died and let the lease run out) and takes them over. Sample ids come from `<file id>:<line>`, so a
-file worked twice stores nothing twice. `POST /v1/samples/import` reads the request body as it
-arrives and answers with the report. A file with purpose `evals` is checked, not imported
-(eval_files.py).
+it takes a lease on the file's row with one conditional UPDATE and renews it while it works
+(leases.py). Every process sweeps now and then for unfinished files nobody holds (new ones, and
+those whose process died and let the lease run out) and takes them over. Sample ids come from
+`<file id>:<line>`, so a file worked twice stores nothing twice. `POST /v1/samples/import`
+reads the request body as it arrives and answers with the report. A file with purpose `evals` is
+checked, not imported (eval_files.py).
 
 A report lists the first 1,000 rejected lines; every one of them, however many, is written to a
 local file as the upload streams (`RejectionLog`) and stored beside the upload as JSONL, served
@@ -21,26 +21,23 @@ import contextlib
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import uuid
 from collections.abc import AsyncIterable, Callable, Iterable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 import orjson
-import sqlalchemy as sa
 from sqlalchemy.engine import Engine
-from sqlmodel import col, select
 
 from services.ingest.capture.pipeline import CapturePipeline
 from services.ingest.models import UploadedFile
 from services.ingest.uploads import eval_files
 from services.ingest.uploads.formats import ImportReport, LineError, ParsedLine, aparse_lines
 from services.ingest.uploads.formats.report import error_entry
+from services.ingest.uploads.leases import claim, claimable, finish, new_lease_owner, release, renew
 from shared.chat import Sample
-from shared.db import session_scope, utcnow
 from shared.processes import pid_alive
 from shared.storage import ObjectStore, StorageError
 
@@ -188,123 +185,6 @@ def clear_dead_spool(spool_dir: Path) -> int:
             path.unlink(missing_ok=True)
             removed += 1
     return removed
-
-
-# --- leases: which process works a file ------------------------------------------------------
-
-_UNFINISHED = ("uploaded", "processing")
-
-
-def new_lease_owner() -> str:
-    """host:pid say which process holds a lease; the random part tells its claims apart, so a
-    process that lost a lease while paused and took the file again later is not its own rival."""
-    return f"{socket.gethostname()[:64]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
-
-
-def _claimable(now: datetime) -> sa.ColumnElement[bool]:
-    expires = col(UploadedFile.lease_expires_at)
-    return sa.and_(
-        col(UploadedFile.status).in_(_UNFINISHED),
-        sa.or_(expires.is_(None), expires < now),
-    )
-
-
-def first_lease(owner: str, *, lease_s: float) -> dict[str, Any]:
-    """The lease fields of a new upload's row, written with it: the process that received the
-    file works it, and no sweep elsewhere can take it in between. The status stays `uploaded`,
-    as OpenAI's files API answers; `processing` marks a file taken over by a sweep."""
-    return {
-        "lease_owner": owner,
-        "lease_expires_at": utcnow() + timedelta(seconds=lease_s),
-        "attempts": 1,
-    }
-
-
-def claim(
-    engine: Engine, file_id: str, *, owner: str, lease_s: float, max_attempts: int
-) -> UploadedFile | None:
-    """Take the file for `owner` when it is unfinished and no lease on it runs. Returns the row
-    as claimed, or None: another process holds it, or it is done, or it was given up now
-    because `max_attempts` claims before this one never finished it."""
-    now = utcnow()
-    attempts = col(UploadedFile.attempts)
-    mine = _claimable(now), col(UploadedFile.id) == file_id
-    take = (
-        sa.update(UploadedFile)
-        .where(*mine, attempts < max_attempts)
-        .values(
-            status="processing",
-            lease_owner=owner,
-            lease_expires_at=now + timedelta(seconds=lease_s),
-            attempts=attempts + 1,
-        )
-    )
-    give_up = (
-        sa.update(UploadedFile)
-        .where(*mine, attempts >= max_attempts)
-        .values(
-            status="error",
-            status_details=f"given up after {max_attempts} attempts: each process working "
-            "the file stopped before finishing it (killed, or out of memory?)",
-            lease_owner=None,
-            lease_expires_at=None,
-        )
-    )
-    with session_scope(engine) as session:
-        if session.execute(take).rowcount != 1:  # type: ignore[attr-defined]
-            if session.execute(give_up).rowcount == 1:  # type: ignore[attr-defined]
-                session.commit()
-                log.error("file %s given up after %d attempts", file_id, max_attempts)
-            return None
-        session.commit()
-        return session.get(UploadedFile, file_id)
-
-
-def _update_mine(engine: Engine, file_id: str, owner: str, **values: Any) -> bool:
-    """Update the row only while `owner` holds the file's lease; False once it does not."""
-    statement = (
-        sa.update(UploadedFile)
-        .where(
-            col(UploadedFile.id) == file_id,
-            col(UploadedFile.lease_owner) == owner,
-            col(UploadedFile.status).in_(_UNFINISHED),
-        )
-        .values(**values)
-    )
-    with session_scope(engine) as session:
-        mine = session.execute(statement).rowcount == 1  # type: ignore[attr-defined]
-    return bool(mine)
-
-
-def renew(engine: Engine, file_id: str, *, owner: str, lease_s: float) -> bool:
-    # Still ours after running out, as long as nobody took it meanwhile.
-    return _update_mine(
-        engine, file_id, owner, lease_expires_at=utcnow() + timedelta(seconds=lease_s)
-    )
-
-
-def release(engine: Engine, file_id: str, *, owner: str) -> bool:
-    """Hand an unfinished file back (shutting down): the next sweep anywhere may take it. A
-    file handed back was not the death of its process: the attempt does not count."""
-    return _update_mine(
-        engine,
-        file_id,
-        owner,
-        lease_owner=None,
-        lease_expires_at=None,
-        attempts=col(UploadedFile.attempts) - 1,
-    )
-
-
-def finish(engine: Engine, file_id: str, *, owner: str, **outcome: Any) -> bool:
-    """Write the outcome (status, details, report) if `owner` still holds the lease."""
-    return _update_mine(engine, file_id, owner, lease_owner=None, lease_expires_at=None, **outcome)
-
-
-def claimable(engine: Engine) -> list[UploadedFile]:
-    """Unfinished files no live process holds: new ones, and those whose process died."""
-    with session_scope(engine) as session:
-        return list(session.exec(select(UploadedFile).where(_claimable(utcnow()))))
 
 
 # --- working a file ---------------------------------------------------------------------------

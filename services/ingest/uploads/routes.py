@@ -28,6 +28,7 @@ from services.ingest.http.errors import BadRequest, Conflict, NotFound, TooLarge
 from services.ingest.models import UploadedFile
 from services.ingest.runtime import Ingest
 from services.ingest.uploads import files as uploads
+from services.ingest.uploads import leases
 from services.ingest.uploads.formats import check_format
 from services.ingest.uploads.protocol import FileDeleted, FileList, FileObject, ImportResult
 from shared import auth
@@ -132,7 +133,7 @@ async def _store_upload_form(ingest: Ingest, caller: auth.Principal, form: FormD
         file_id=file_id,
         spool_dir=ingest.spool_dir,
     )
-    owner = uploads.new_lease_owner()
+    owner = leases.new_lease_owner()
     row = UploadedFile(
         id=file_id,
         tenant=caller.tenant_id,
@@ -140,7 +141,7 @@ async def _store_upload_form(ingest: Ingest, caller: auth.Principal, form: FormD
         purpose=purpose,
         bytes=size,
         format=format,
-        **uploads.first_lease(owner, lease_s=ingest.settings.upload_lease_s),
+        **leases.first_lease(owner, lease_s=ingest.settings.upload_lease_s),
     )
     with session_scope(ingest.engine) as session:
         session.add(row)

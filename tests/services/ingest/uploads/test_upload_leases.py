@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -25,6 +26,8 @@ from services.ingest.capture.spill import SpillFile
 from services.ingest.models import SampleRow, UploadedFile
 from services.ingest.samples.store import insert_samples
 from services.ingest.uploads import files as uploads
+from services.ingest.uploads import leases
+from shared.db import utcnow
 from shared.events import SampleCaptured
 from shared.storage import ObjectStore
 from tests.plugins.infra import dead_pid
@@ -60,6 +63,12 @@ class StoringPipeline:
     def _store(self, event: SampleCaptured) -> None:
         with Session(self.engine) as session:
             insert_samples(session, [event.sample])
+
+
+def _ago(seconds: float) -> leases.Clock:
+    """A clock stopped `seconds` in the past: a lease taken by it has run for that long."""
+    then = utcnow() - timedelta(seconds=seconds)
+    return lambda: then
 
 
 def _uploaded(engine: Engine, store: ObjectStore, tmp_path: Path) -> UploadedFile:
@@ -146,14 +155,14 @@ def test_claimers_racing_for_a_file_exactly_one_wins(
     db_engine: Engine, object_store: ObjectStore, tmp_path: Path
 ) -> None:
     row = _uploaded(db_engine, object_store, tmp_path)
-    owners = [uploads.new_lease_owner() for _ in range(8)]
+    owners = [leases.new_lease_owner() for _ in range(8)]
     start = threading.Barrier(len(owners))
     won: list[str] = []
 
     def race(owner: str) -> None:
         start.wait()
         if (
-            uploads.claim(db_engine, row.id, owner=owner, lease_s=30, max_attempts=ATTEMPTS)
+            leases.claim(db_engine, row.id, owner=owner, lease_s=30, max_attempts=ATTEMPTS)
             is not None
         ):
             won.append(owner)
@@ -167,9 +176,9 @@ def test_claimers_racing_for_a_file_exactly_one_wins(
     held = _row(db_engine, row.id)
     assert (held.lease_owner, held.status) == (won[0], "processing")
     # A finished file is nobody's to claim, lease or not.
-    assert uploads.finish(db_engine, row.id, owner=won[0], status="processed")
+    assert leases.finish(db_engine, row.id, owner=won[0], status="processed")
     assert (
-        uploads.claim(db_engine, row.id, owner=owners[0], lease_s=30, max_attempts=ATTEMPTS) is None
+        leases.claim(db_engine, row.id, owner=owners[0], lease_s=30, max_attempts=ATTEMPTS) is None
     )
 
 
@@ -178,9 +187,9 @@ async def test_a_dead_owners_file_is_taken_over_by_a_sweep_and_stored_once(
 ) -> None:
     row = _uploaded(db_engine, object_store, tmp_path)
     # Its process claimed it, then died: nobody renews the lease.
-    dead = uploads.new_lease_owner()
+    dead = leases.new_lease_owner()
     assert (
-        uploads.claim(db_engine, row.id, owner=dead, lease_s=2.0, max_attempts=ATTEMPTS) is not None
+        leases.claim(db_engine, row.id, owner=dead, lease_s=2.0, max_attempts=ATTEMPTS) is not None
     )
     stored = StoringPipeline(db_engine, tmp_path)
     live = Process(db_engine, object_store, tmp_path, lease_s=0.6, name="live")
@@ -232,13 +241,15 @@ async def test_the_loser_of_a_lease_stops_and_does_not_overwrite_the_status(
     db_engine: Engine, object_store: ObjectStore, tmp_path: Path
 ) -> None:
     row = _uploaded(db_engine, object_store, tmp_path)
-    paused = uploads.new_lease_owner()
-    claimed = uploads.claim(db_engine, row.id, owner=paused, lease_s=0.3, max_attempts=ATTEMPTS)
+    paused = leases.new_lease_owner()
+    # Claimed a minute ago with a 30 s lease, and paused since, without a renewal.
+    claimed = leases.claim(
+        db_engine, row.id, owner=paused, lease_s=30, max_attempts=ATTEMPTS, clock=_ago(60)
+    )
     assert claimed is not None
-    await asyncio.sleep(0.4)  # paused past its lease, without a renewal
-    taker = uploads.new_lease_owner()
+    taker = leases.new_lease_owner()
     assert (
-        uploads.claim(db_engine, row.id, owner=taker, lease_s=30, max_attempts=ATTEMPTS) is not None
+        leases.claim(db_engine, row.id, owner=taker, lease_s=30, max_attempts=ATTEMPTS) is not None
     )
 
     # The paused process carries on: its next renewal fails, so it stops before the end.
@@ -258,10 +269,10 @@ async def test_the_loser_of_a_lease_stops_and_does_not_overwrite_the_status(
     )
     assert _row(db_engine, row.id).lease_owner == taker
     assert list(spool_dir.glob("*")) == []
-    assert not uploads.finish(db_engine, row.id, owner=paused, status="error", status_details="x")
-    assert not uploads.renew(db_engine, row.id, owner=paused, lease_s=30)
-    assert uploads.finish(db_engine, row.id, owner=taker, status="processed")
-    assert not uploads.finish(db_engine, row.id, owner=paused, status="error")
+    assert not leases.finish(db_engine, row.id, owner=paused, status="error", status_details="x")
+    assert not leases.renew(db_engine, row.id, owner=paused, lease_s=30)
+    assert leases.finish(db_engine, row.id, owner=taker, status="processed")
+    assert not leases.finish(db_engine, row.id, owner=paused, status="error")
     done = _row(db_engine, row.id)
     assert (done.status, done.status_details) == ("processed", None)
 
@@ -279,15 +290,15 @@ async def test_a_stopping_process_hands_its_file_back(
     handed_back = _row(db_engine, row.id)
     assert (handed_back.status, handed_back.lease_owner) == ("processing", None)
     assert handed_back.attempts == 0  # handed back, not died: no attempt spent
-    assert [r.id for r in uploads.claimable(db_engine)] == [row.id]
+    assert [r.id for r in leases.claimable(db_engine)] == [row.id]
 
 
 def test_the_files_api_shows_no_lease(
     db_engine: Engine, object_store: ObjectStore, tmp_path: Path
 ) -> None:
     row = _uploaded(db_engine, object_store, tmp_path)
-    owner = uploads.new_lease_owner()
-    claimed = uploads.claim(db_engine, row.id, owner=owner, lease_s=30, max_attempts=ATTEMPTS)
+    owner = leases.new_lease_owner()
+    claimed = leases.claim(db_engine, row.id, owner=owner, lease_s=30, max_attempts=ATTEMPTS)
     assert claimed is not None
     assert set(uploads.file_object(claimed)) == {
         "id", "object", "bytes", "created_at", "filename", "purpose", "status", "status_details",
@@ -298,11 +309,15 @@ async def test_a_file_whose_workers_keep_dying_is_given_up_with_a_reason(
     db_engine: Engine, object_store: ObjectStore, tmp_path: Path
 ) -> None:
     row = _uploaded(db_engine, object_store, tmp_path)
-    # Three processes in turn took it and died (a file that takes its worker down).
-    for _ in range(ATTEMPTS):
-        dying = uploads.new_lease_owner()
-        assert uploads.claim(db_engine, row.id, owner=dying, lease_s=0.05, max_attempts=ATTEMPTS)
-        await asyncio.sleep(0.1)
+    # Three processes in turn took it and died (a file that takes its worker down): a claim a
+    # minute, each lease running out 30 s after its claim.
+    for minutes_ago in range(ATTEMPTS, 0, -1):
+        dying = leases.new_lease_owner()
+        clock = _ago(60 * minutes_ago)
+        claimed = leases.claim(
+            db_engine, row.id, owner=dying, lease_s=30, max_attempts=ATTEMPTS, clock=clock
+        )
+        assert claimed is not None
     assert _row(db_engine, row.id).attempts == ATTEMPTS
     stored = StoringPipeline(db_engine, tmp_path)
     live = Process(db_engine, object_store, tmp_path, lease_s=0.6, name="live")
@@ -316,7 +331,7 @@ async def test_a_file_whose_workers_keep_dying_is_given_up_with_a_reason(
     assert f"given up after {ATTEMPTS} attempts" in given_up.status_details
     assert (given_up.lease_owner, given_up.lease_expires_at) == (None, None)
     assert stored.published == []
-    assert uploads.claimable(db_engine) == []
+    assert leases.claimable(db_engine) == []
     assert uploads.file_object(given_up)["status"] == "error"
 
 
