@@ -29,21 +29,21 @@ class IngestSettings(BaseSettings):
         env_prefix="TUNELOOP_INGEST_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
     )
 
-    # Where the gateway sends each model (routing.py): the upstream providers, their model
+    # Where the gateway sends each model (gateway/routing.py): the upstream providers, their model
     # patterns and the variables holding their keys.
     upstreams_file: Path = _DEFAULT_UPSTREAMS
-    # The services the gateway relays the control plane to (forwarding.py: /v1/fine_tuning to the
-    # scheduler, /v1/evals and /v1/shadow_scores to the evaluator, /v1/models, /v1/deployments
-    # and /v1/served_names to the hoster), and the hoster it wakes cold deployments through
-    # (wake.py); default: the local stack's (bind host, the service's port).
+    # The services the gateway relays the control plane to (gateway/forwarding.py: /v1/fine_tuning
+    # to the scheduler, /v1/evals and /v1/shadow_scores to the evaluator, /v1/models,
+    # /v1/deployments and /v1/served_names to the hoster), and the hoster it wakes cold deployments
+    # through (gateway/wake.py); default: the local stack's (bind host, the service's port).
     scheduler_url: ServiceUrl | None = None
     evaluator_url: ServiceUrl | None = None
     hoster_url: ServiceUrl | None = None
     # Upstream calls: connect fast, but let long generations stream for as long as they take.
     upstream_connect_timeout_s: float = Field(default=10.0, gt=0)
     upstream_read_timeout_s: float = Field(default=600.0, gt=0)
-    # How long a call to a cold deployment waits for the hoster to load it again (wake.py): its
-    # engine's start and model load, as the hoster waits for them (180 + 600 s by default).
+    # How long a call to a cold deployment waits for the hoster to load it again (gateway/wake.py):
+    # its engine's start and model load, as the hoster waits for them (180 + 600 s by default).
     wake_timeout_s: float = Field(default=900.0, gt=0)
     # Upstream calls holding a connection at once, over every provider; more wait for one.
     upstream_max_connections: int = Field(default=512, ge=1)
@@ -64,7 +64,7 @@ class IngestSettings(BaseSettings):
     # share one durable consumer): for a machine with cores to spare or a database far away.
     persister: Literal["inline", "process"] = "inline"
     # OTLP exports of otlp_process_min_bytes or more are decoded and mapped in a pool of this
-    # many processes (otlp_workers.py), so they use every core and never hold the
+    # many processes (otlp/workers.py), so they use every core and never hold the
     # gateway's event loop. Default: the CPUs this process may use, at most 4.
     otlp_processes: int = Field(default_factory=lambda: min(_usable_cpus(), 4), ge=1, le=64)
     otlp_process_min_bytes: int = Field(default=64 * 1024, ge=0)
@@ -83,17 +83,17 @@ class IngestSettings(BaseSettings):
     # machine they share with the gateway a call never waits for their batches: they catch up
     # when the cores are free, and until then the journal and the stream hold their work.
     background_cpu: CpuClass = "idle"
-    # Uploaded files (uploads.py): the process working a file holds a lease on it this long and
-    # renews it every third of it; a file whose lease ran out (its process died) is taken over by
-    # the next sweep, which every process runs every half of it.
+    # Uploaded files (uploads/files.py): the process working a file holds a lease on it this long
+    # and renews it every third of it; a file whose lease ran out (its process died) is taken over
+    # by the next sweep, which every process runs every half of it.
     upload_lease_s: float = Field(default=60.0, gt=0)
     # A file whose workers all stopped before finishing it (killed, out of memory) this many
     # times is marked `error` instead of being taken over again.
     upload_max_attempts: int = Field(default=3, ge=1)
     # How long a verified API key is trusted without asking the database again.
     auth_cache_ttl_s: float = Field(default=30.0, ge=0)
-    # Dataset builds (datasets.py). JetStream redelivers a build's event when its worker has not
-    # said "still working" for this long (it says so every quarter of it), e.g. after a kill.
+    # Dataset builds (datasets/workers.py). JetStream redelivers a build's event when its worker has
+    # not said "still working" for this long (it says so every quarter of it), e.g. after a kill.
     dataset_ack_wait_s: float = Field(default=60.0, ge=2.0)
     # Deliveries of a build's event; a passing failure on the last fails the build.
     dataset_max_deliver: int = Field(default=10, ge=1)

@@ -3,7 +3,8 @@
 - sample.captured -> the sample store (in batches, idempotently: a redelivered event is a no-op).
 - deployment.ready / deployment.stopped -> the gateway's routing table, so a model the hoster
   deployed is served behind the same base URL (its answers tagged with the version they came from).
-- dataset.build_requested -> a dataset build (datasets.py), one at a time, kept alive while it runs.
+- dataset.build_requested -> a dataset build (datasets/workers.py), one at a time, kept alive
+  while it runs.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def sample_persister(
     max_retry_delay_s: float = 30.0,
 ) -> bus.BatchConsumer[dict[str, Any]]:
     """sample.captured -> the sample store, a batch (32 messages) per transaction: the durable
-    consumer FastStream's one-event subscriber used (state.py starts and stops it). Rows are
+    consumer FastStream's one-event subscriber used (app.py starts and stops it). Rows are
     made from the event bytes (samples.row_from_event); an event that cannot be a row goes to
     the dead-letter stream and is counted in `fidelity` as dropped, with its reason. A failed
     insert (the database away, locked, slow) is retried with backoff for as long as it fails;

@@ -134,8 +134,8 @@ class DatasetRow(SQLModel, table=True):
 
 
 class FidelityCount(SQLModel, table=True):
-    """Running totals of the fidelity report (fidelity.py), summed over every ingest process and
-    restart: each process adds what it counted since its last flush."""
+    """Running totals of the fidelity report (capture/fidelity.py), summed over every ingest process
+    and restart: each process adds what it counted since its last flush."""
 
     __tablename__ = "ingest_fidelity"
 

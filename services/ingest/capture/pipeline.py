@@ -68,7 +68,7 @@ def has_inline_media(sample: Sample) -> bool:
 class PreparedSample:
     """A sample ready to publish: secrets scrubbed, no inline media, encoded as its
     sample.captured event. Small and cheap to pickle, so an OTLP decoding process can hand it
-    back (otlp_workers.py) and the service process only sends the bytes."""
+    back (otlp/workers.py) and the service process only sends the bytes."""
 
     tenant: str
     source: str
@@ -137,7 +137,7 @@ class CapturePipeline:
         self._flush_ledger()
 
     def _flush_ledger(self) -> None:
-        """Whose samples were spilled, to the ledger the spill watcher reads (spilling.py)."""
+        """Whose samples were spilled, to the ledger the spill watcher reads (spill_contents.py)."""
         if self.spill.ledger is None:
             return
         try:

@@ -38,7 +38,7 @@ class SpillFile:
     ) -> None:
         self.path = path
         self.max_bytes = max_bytes
-        # Whose records went in since the file was last empty (spilling.py); None: not told.
+        # Whose records went in since the file was last empty (spill_contents.py); None: not told.
         self.ledger = ledger
         private_dir(path.parent)
         self._used = 0  # bytes of the live file and the claimed ones, at the last look

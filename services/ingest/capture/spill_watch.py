@@ -5,7 +5,7 @@ shipper and it both write, every second:
 - on its /metrics, what waits there and the cap, and the episodes begun, for Prometheus
   (deploy/prometheus/alerts.yml: TuneloopCaptureSpilling while they last);
 - once the file has stayed empty for a few seconds and the bus is reachable, one
-  `capture.spilled` per tenant the ledger names (spilling.py), for tenants' notification rules
+  `capture.spilled` per tenant the ledger names (spill_contents.py), for tenants' notification rules
   and integrators. The bus is what is away during most episodes, so the fact follows them.
 
     tuneloop_capture_spill_bytes             bytes waiting in the spill file (its claims too)

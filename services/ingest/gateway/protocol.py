@@ -11,7 +11,7 @@ Everything else (parsing, keep-alive, flow control, chunked encoding, header che
 answers) is uvicorn's own code, unchanged. Any other request, a pipelined one arriving while
 another is answered, or an upgrade goes through uvicorn's usual path to the whole app.
 
-It is built on uvicorn's private modules. gateway_protocol_contract.py lists what it takes from
+It is built on uvicorn's private modules. protocol_contract.py lists what it takes from
 them; its `http_protocol` picks uvicorn's own protocol instead (ProxyRoutes then answers the
 proxied calls) when the installed uvicorn breaks that contract, and its test pins the uvicorn
 this was checked with.

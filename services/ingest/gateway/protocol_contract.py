@@ -1,6 +1,6 @@
 """What GatewayProtocol takes from uvicorn's private modules, checked before the service serves.
 
-GatewayProtocol (gateway_protocol.py) subclasses uvicorn's httptools protocol and repeats part of
+GatewayProtocol (protocol.py) subclasses uvicorn's httptools protocol and repeats part of
 its `on_headers_complete`, so it relies on names uvicorn does not promise to keep. `http_protocol`
 hands it to uvicorn only when the installed uvicorn is of the series the contract test checked
 (tests/services/ingest/gateway/test_gateway_protocol_contract.py) and still has those names with the

@@ -174,7 +174,7 @@ class RoutingTable:
 
     def first(self, api: Api) -> Route | None:
         """The first upstream of the `api` family in the upstreams file, for a call that names
-        no model (a `model_optional` route in proxy_routes.py); None when the file has none."""
+        no model (a `model_optional` route in routes.py); None when the file has none."""
         return next((u.route() for u in self.upstreams if u.api == api), None)
 
     def add_deployment(

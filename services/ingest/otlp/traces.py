@@ -1,9 +1,9 @@
 """OTLP/HTTP trace export -> samples, with the OTLP partial-success answer.
 
-The decoding and GenAI mapping live in otlp.py and genai_spans.py and run where otlp_workers.py
+The decoding and GenAI mapping live in export.py and genai_spans.py and run where workers.py
 decides (a pool process for a large export); this module hands one request's samples to the
 capture pipeline and words the answer. `TraceReceiver` serves `POST /v1/traces` as raw ASGI,
-ahead of FastAPI like the proxied calls (fastpath.py).
+ahead of FastAPI like the proxied calls (gateway/fastpath.py).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def export_failure(
 
 
 class TraceReceiver:
-    """`POST /v1/traces` as a raw ASGI endpoint. Served ahead of FastAPI (fastpath.py), an
+    """`POST /v1/traces` as a raw ASGI endpoint. Served ahead of FastAPI (gateway/fastpath.py), an
     export pays no framework routing, dependency resolution, middleware or per-request span:
     for a small export (an SDK sending a trace or two at a time) those cost more than decoding
     it. Authenticates like the proxy (any of the SDKs' key headers), reads at most the body

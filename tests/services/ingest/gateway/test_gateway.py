@@ -372,7 +372,7 @@ def test_embeddings_and_token_counts_are_relayed_but_not_captured(edge: Edge) ->
 
 
 def test_proxied_calls_say_who_served_them_and_are_counted_by_route(edge: Edge) -> None:
-    # The proxy routes and /v1/traces are answered ahead of FastAPI (fastpath.py): they must
+    # The proxy routes and /v1/traces are answered ahead of FastAPI (gateway/fastpath.py): they must
     # still carry the served-by header and show up in the request counter by route template.
     body = recorded("oa01_tool_calls_multiturn")["request"]["body"]
     answer = httpx.post(

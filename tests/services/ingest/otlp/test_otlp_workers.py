@@ -1,4 +1,4 @@
-"""OTLP exports mapped in pool processes (otlp_workers.py): the same samples as mapped in this
+"""OTLP exports mapped in pool processes (otlp/workers.py): the same samples as mapped in this
 process, errors that keep their type and path on the way back, a dead pool process answered as
 retryable and replaced, and prepared samples that fail to publish kept whole in the spill file."""
 
