@@ -169,16 +169,6 @@ def get_session(engine: Annotated[Engine, Depends(get_engine)]) -> Iterator[Sess
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def session_dependency(engine: Engine) -> Callable[[], Iterator[Session]]:
-    """A session dependency bound to one engine, for apps that don't keep it on app.state."""
-
-    def dependency() -> Iterator[Session]:
-        with Session(engine) as session:
-            yield session
-
-    return dependency
-
-
 # --- readiness --------------------------------------------------------------------------------
 
 

@@ -618,18 +618,6 @@ class DeploymentEvent(Event):
     deployment_id: str
 
 
-class DeploymentRequested(DeploymentEvent):
-    """A deployment was asked for. Nothing publishes or reads it today: deployments start
-    through the hoster's API, and `deployment.ready` or `deployment.failed` follows."""
-
-    event_name = "deployment.requested"
-    stream = DEPLOYMENTS
-    model_id: str
-    model_version: int = Field(ge=1)
-    engine: Literal["vllm", "embedded"]
-    replicas: int = Field(default=1, ge=1)
-
-
 class DeploymentReady(DeploymentEvent):
     """A deployment serves; the gateway routes `served_model_name` to `endpoint_url`, the
     engine's OpenAI base URL (`http://host:port/v1`, what an SDK takes as base_url).

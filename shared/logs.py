@@ -6,7 +6,7 @@ with its arguments and runs the result, every `extra=` value and the exception t
 URL with `?key=`. uvicorn and FastStream loggers are routed through the same handler:
 
 - run uvicorn with `log_config=None`, or it replaces these settings with its own;
-- give the broker our logger, `NatsBroker(..., logger=get_logger("faststream.access.nats"))`,
+- give the broker our logger, `NatsBroker(..., logger=logging.getLogger("faststream.access.nats"))`,
   because FastStream otherwise builds its own stdout handler when the broker starts.
 """
 
@@ -195,8 +195,3 @@ def _route_library_loggers() -> None:
             lib_logger.removeHandler(old)
         lib_logger.propagate = True
         lib_logger.setLevel(logging.NOTSET)  # the root level decides, in one place
-
-
-def get_logger(name: str) -> logging.Logger:
-    """A stdlib logger; use `extra={...}` for structured fields."""
-    return logging.getLogger(name)

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, BinaryIO, Final, Literal, NamedTuple, cast
 
@@ -166,11 +166,6 @@ def _root_reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def _natural_key(name: str) -> list[tuple[int, int | str]]:
-    # "ckpt-9" sorts before "ckpt-10", as a person reading a run's checkpoints expects.
-    return [(0, int(t)) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", name) if t]
 
 
 def _client(settings: S3Settings, http: urllib3.PoolManager | None = None) -> Minio:
@@ -368,18 +363,6 @@ class ObjectStore:
             found = self._client.list_objects(loc.bucket, loc.key or None, recursive=recursive)
             return sorted(obj.object_name for obj in found if obj.object_name)
 
-    def presigned_get(self, ref: Ref, expires: timedelta | float = 3600.0) -> str:
-        """A URL anyone can GET the object with until it expires (at most 7 days)."""
-        loc = self._locate(ref)
-        with self._errors("presign", loc):
-            return self._client.presigned_get_object(loc.bucket, loc.key, _expiry(expires))
-
-    def presigned_put(self, ref: Ref, expires: timedelta | float = 3600.0) -> str:
-        """A URL anyone can PUT the object's bytes to until it expires (at most 7 days)."""
-        loc = self._locate(ref)
-        with self._errors("presign", loc):
-            return self._client.presigned_put_object(loc.bucket, loc.key, _expiry(expires))
-
     # -- directories with manifests --------------------------------------------------------
     def put_dir(
         self,
@@ -428,15 +411,6 @@ class ObjectStore:
         except ValidationError as exc:
             raise StorageError(f"{where} is not a valid manifest: {exc}") from None
 
-    def list_committed(self, parent_prefix: Ref) -> list[str]:
-        """Keys of the committed sub-directories (e.g. a run's checkpoints), in natural order."""
-        parent = self._dir(parent_prefix)
-        with self._errors("list", parent):
-            found = self._client.list_objects(parent.bucket, parent.key, recursive=False)
-            children = [o.object_name.rstrip("/") for o in found if o.is_dir and o.object_name]
-        committed = [c for c in children if self.is_committed(S3Uri(parent.bucket, c))]
-        return sorted(committed, key=_natural_key)
-
     def get_dir(self, prefix: Ref, dest: str | os.PathLike[str]) -> Manifest:
         """Download a committed directory into dest (absent or empty), verifying every file."""
         manifest, base, dest = self.read_manifest(prefix), self._dir(prefix), Path(dest)
@@ -484,10 +458,3 @@ def walk_files(root: Path) -> list[str]:
         if reserved in found:
             raise ValueError(f"{root / reserved}: the name {reserved!r} is reserved by the store")
     return found
-
-
-def _expiry(expires: timedelta | float) -> timedelta:
-    delta = expires if isinstance(expires, timedelta) else timedelta(seconds=expires)
-    if not timedelta(seconds=1) <= delta <= timedelta(days=7):
-        raise ValueError(f"expires must be between 1 second and 7 days (got {delta})")
-    return delta

@@ -182,9 +182,3 @@ def size_of(
         row_len=int(hyper["max_seq_len"]),
         lora_rank=int(trainer.get("lora", {}).get("rank", 16)),
     )
-
-
-def plan_fits(job: JobRow, rung: ProviderSpec) -> bool:
-    """Whether the job's plan fits the rung's devices at some count it allows; true when the
-    job's model or plan cannot be sized."""
-    return device_count(size_of(job.model, job.plan), rung) is not None

@@ -34,7 +34,6 @@ from services.trainer.checkpoint_storage import (
     UncommittedCheckpoint,
 )
 from services.trainer.config import CheckpointPolicy
-from shared.settings import S3Settings
 from shared.storage import ObjectStore
 
 __all__ = [
@@ -308,17 +307,6 @@ class CheckpointStore:
         if not _is_s3(prefix):
             self.root = str(Path(prefix).expanduser().resolve() / CHECKPOINTS_SUBDIR)
         self._backend = self._backend_for(self.root)
-
-    @classmethod
-    def for_output(
-        cls, prefix: str, policy: CheckpointPolicy, *, s3_settings: S3Settings | None = None
-    ) -> CheckpointStore:
-        """A store for the job's output prefix; builds an ObjectStore when prefix is s3:// (or
-        when settings are given, so a local run may still resume from an s3:// checkpoint)."""
-        store = None
-        if _is_s3(prefix) or s3_settings is not None:
-            store = ObjectStore.from_settings(s3_settings or S3Settings())
-        return cls(prefix, store=store, policy=policy)
 
     def _backend_for(self, location: str) -> Backend:
         if not _is_s3(location):

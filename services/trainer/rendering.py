@@ -83,17 +83,6 @@ class TokenizedExample:
         return sum(1 for label in self.labels if label != IGNORE_INDEX)
 
 
-def render_sample(
-    sample: Sample,
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    loss_on: LossOn,
-    max_seq_len: int | None = None,
-) -> TokenizedExample:
-    """One sample as a training example; see `Renderer` to render many with one tokenizer."""
-    return Renderer(tokenizer).render(sample, loss_on=loss_on, max_seq_len=max_seq_len)
-
-
 class Renderer:
     """Renders samples with one tokenizer; finds out once whether its template renders tools."""
 

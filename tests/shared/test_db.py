@@ -6,14 +6,13 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Annotated
 
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import URL, Engine
@@ -33,7 +32,6 @@ from shared.db import (
     make_engine,
     migrate,
     migration_connection,
-    session_dependency,
     session_scope,
     wait_until_ready,
 )
@@ -225,24 +223,18 @@ def test_datetimes_come_back_aware_utc_and_naive_ones_are_refused(db_engine: Eng
         session.add(naive)
 
 
-def test_session_dependencies_serve_requests(db_engine: Engine) -> None:
+def test_the_session_dependency_serves_requests(db_engine: Engine) -> None:
     with session_scope(db_engine) as session:
         session.add(Tenant(id="acme", name="Acme"))
     app = FastAPI()
     app.state.db_engine = db_engine
-    bound = session_dependency(db_engine)
 
     @app.get("/via-state")
     def via_state(session: SessionDep) -> list[str]:
         return list(session.exec(select(Tenant.id)).all())
 
-    @app.get("/via-factory")
-    def via_factory(session: Annotated[Session, Depends(bound)]) -> list[str]:
-        return list(session.exec(select(Tenant.id)).all())
-
     with TestClient(app) as client:
         assert client.get("/via-state").json() == ["acme"]
-        assert client.get("/via-factory").json() == ["acme"]
 
 
 def test_missing_engine_on_app_state_is_explained() -> None:

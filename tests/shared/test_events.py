@@ -13,8 +13,7 @@ LOOP_FACTS = {
     "sample.captured", "dataset.built", "job.created", "job.queued", "job.assigned", "job.started",
     "job.progress", "job.checkpoint_saved", "job.rolled_over", "job.succeeded", "job.failed",
     "job.cancelled", "eval.completed", "eval.best_checkpoint_changed", "model.registered",
-    "model.alias_changed", "deployment.requested", "deployment.ready", "deployment.failed",
-    "deployment.stopped",
+    "model.alias_changed", "deployment.ready", "deployment.failed", "deployment.stopped",
 }  # fmt: skip
 
 

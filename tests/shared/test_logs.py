@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from shared.logs import configure_logging, get_logger
+from shared.logs import configure_logging
 from shared.redact import REDACTED, register_secret
 
 OPENAI_KEY = "sk-abcdefghijklmnopqrstuvwxyz0123456789ABCD"
@@ -35,7 +35,7 @@ def lines(buffer: io.StringIO) -> list[dict[str, Any]]:
 
 
 def test_json_line_has_agreed_fields(stream: io.StringIO) -> None:
-    get_logger("tuneloop.ingest.api").warning(
+    logging.getLogger("tuneloop.ingest.api").warning(
         "stored %d samples", 3, extra={"tenant": "acme", "batch": [1, 2]}
     )
     [entry] = lines(stream)
@@ -51,7 +51,7 @@ def test_json_line_has_agreed_fields(stream: io.StringIO) -> None:
 
 def test_secrets_in_message_args_and_extras_never_reach_the_line(stream: io.StringIO) -> None:
     register_secret(REGISTERED)
-    log = get_logger("tuneloop.test")
+    log = logging.getLogger("tuneloop.test")
     log.info("upstream said Authorization: Bearer %s", OPENAI_KEY)
     log.info("headers %s", {"Authorization": f"Bearer {OPENAI_KEY}", "accept": "*/*"})
     log.info("fetching %s", "https://gen.test/v1/models?key=AIza-secret-value&alt=json")
@@ -78,7 +78,7 @@ def test_exception_text_is_included_and_redacted(stream: io.StringIO) -> None:
     try:
         raise RuntimeError(f"upstream refused key {OPENAI_KEY}")
     except RuntimeError:
-        get_logger("tuneloop.test").exception("call failed")
+        logging.getLogger("tuneloop.test").exception("call failed")
     [entry] = lines(stream)
     assert entry["level"] == "ERROR"
     assert "RuntimeError: upstream refused key" in entry["exc"]
@@ -91,20 +91,20 @@ def test_objects_with_secret_str_are_redacted(stream: io.StringIO) -> None:
         def __str__(self) -> str:
             return f"Client(api_key={OPENAI_KEY})"
 
-    get_logger("tuneloop.test").info("built", extra={"client": Client()})
+    logging.getLogger("tuneloop.test").info("built", extra={"client": Client()})
     [entry] = lines(stream)
     assert entry["client"] == f"Client(api_key={REDACTED})"
 
 
 def test_bad_format_arguments_do_not_raise(stream: io.StringIO) -> None:
-    get_logger("tuneloop.test").info("two %s %s", "one")
+    logging.getLogger("tuneloop.test").info("two %s %s", "one")
     [entry] = lines(stream)
     assert entry["msg"].startswith("two %s %s (unformattable")
 
 
 def test_configure_twice_writes_each_line_once(stream: io.StringIO) -> None:
     configure_logging("ingest", level="DEBUG", stream=stream)
-    get_logger("tuneloop.test").info("once")
+    logging.getLogger("tuneloop.test").info("once")
     assert [e["msg"] for e in lines(stream)] == ["once"]
     ours = [h for h in logging.getLogger().handlers if type(h).__name__ == "_ServiceHandler"]
     assert len(ours) == 1
@@ -112,7 +112,7 @@ def test_configure_twice_writes_each_line_once(stream: io.StringIO) -> None:
 
 def test_level_filters_records(stream: io.StringIO) -> None:
     configure_logging("ingest", level="WARNING", stream=stream)
-    log = get_logger("tuneloop.test")
+    log = logging.getLogger("tuneloop.test")
     log.info("hidden")
     log.warning("shown")
     assert [e["msg"] for e in lines(stream)] == ["shown"]
@@ -132,7 +132,9 @@ def test_library_loggers_are_routed_through_the_handler(stream: io.StringIO) -> 
 
 def test_human_format(stream: io.StringIO) -> None:
     configure_logging("trainer", level="INFO", json=False, stream=stream)
-    get_logger("tuneloop.trainer").info("step %d", 7, extra={"loss": 0.5, "token": OPENAI_KEY})
+    logging.getLogger("tuneloop.trainer").info(
+        "step %d", 7, extra={"loss": 0.5, "token": OPENAI_KEY}
+    )
     line = stream.getvalue().strip()
     assert " INFO    trainer tuneloop.trainer: step 7 " in line
     assert "loss=0.5" in line

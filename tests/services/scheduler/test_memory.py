@@ -18,7 +18,7 @@ from services.scheduler.ladder import Ladder, ProviderPool, ProviderSpec
 from services.scheduler.lifecycle import Scheduler
 from services.scheduler.memory import lora_parameters, training_memory
 from services.scheduler.models import JobRow
-from services.scheduler.placement import plan_fits
+from services.scheduler.placement import device_count, size_of
 from services.scheduler.protocol import JobCreate
 from shared.catalogue import SMOLLM2_135M_INSTRUCT, CatalogueEntry
 from shared.db import make_engine
@@ -77,10 +77,12 @@ def test_a_plan_goes_only_to_the_rungs_whose_devices_hold_it() -> None:
         SMOLLM2_135M_INSTRUCT, method="lora", precision="bf16", rows=8, row_len=2048
     ).total_gib
     assert 2 < needs < 24
-    assert plan_fits(job, _rung("big", 24.0))
-    assert not plan_fits(job, _rung("small", 2.0))
+    size = size_of(job.model, job.plan)
+    assert device_count(size, _rung("big", 24.0)) is not None
+    assert device_count(size, _rung("small", 2.0)) is None
     # A model or a plan it cannot size is not held back.
-    assert plan_fits(JobRow(**{**job.model_dump(), "plan": b"{}"}), _rung("small", 2.0))
+    assert size_of(job.model, b"{}") is None
+    assert device_count(None, _rung("small", 2.0)) is not None
 
 
 async def test_a_model_that_fits_no_rung_is_refused_at_create_naming_the_numbers(

@@ -402,6 +402,7 @@ _KILLED_COMMIT = textwrap.dedent(
     from pathlib import Path
     from services.trainer import checkpoint_storage, checkpoints
     from services.trainer.config import CheckpointPolicy
+    from shared.settings import S3Settings
     from shared.storage import ObjectStore
 
     prefix, source, step = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
@@ -418,7 +419,8 @@ _KILLED_COMMIT = textwrap.dedent(
         ObjectStore.put_file = pause_after(ObjectStore.put_file)
     else:
         checkpoint_storage._digest_and_copy = pause_after(checkpoint_storage._digest_and_copy)
-    store = checkpoints.CheckpointStore.for_output(prefix, CheckpointPolicy())
+    s3 = ObjectStore.from_settings(S3Settings()) if prefix.startswith("s3://") else None
+    store = checkpoints.CheckpointStore(prefix, store=s3, policy=CheckpointPolicy())
     store.commit(source, step=step, metrics={"loss": 0.1})
     print("finished", flush=True)
     """

@@ -15,9 +15,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from services.trainer.rendering import (
     CHATML_TOOLS_TEMPLATE,
     IGNORE_INDEX,
+    Renderer,
     RenderError,
     TokenizedExample,
-    render_sample,
     serving_template,
 )
 from shared.chat import Sample, to_openai_messages
@@ -95,7 +95,7 @@ def assert_shifted(example: TokenizedExample) -> None:
 
 
 def test_multi_turn_labels_exactly_the_assistant_turns(tiny_tokenizer: Any) -> None:
-    example = render_sample(multi_turn(), tiny_tokenizer, loss_on="all_assistant")
+    example = Renderer(tiny_tokenizer).render(multi_turn(), loss_on="all_assistant")
 
     assert_shifted(example)
     assert labelled_runs(example, tiny_tokenizer) == [
@@ -111,7 +111,7 @@ def test_multi_turn_labels_exactly_the_assistant_turns(tiny_tokenizer: Any) -> N
 
 
 def test_tool_call_and_result_turns(tiny_tokenizer: Any) -> None:
-    example = render_sample(tool_sample(), tiny_tokenizer, loss_on="all_assistant")
+    example = Renderer(tiny_tokenizer).render(tool_sample(), loss_on="all_assistant")
 
     assert_shifted(example)
     assert labelled_runs(example, tiny_tokenizer) == [
@@ -126,14 +126,14 @@ def test_tool_call_and_result_turns(tiny_tokenizer: Any) -> None:
 
 
 def test_last_assistant_trains_the_final_turn_only(tiny_tokenizer: Any) -> None:
-    example = render_sample(multi_turn(), tiny_tokenizer, loss_on="last_assistant")
+    example = Renderer(tiny_tokenizer).render(multi_turn(), loss_on="last_assistant")
 
     assert labelled_runs(example, tiny_tokenizer) == ["Berlin.<|im_end|>"]
     assert "Paris" in tiny_tokenizer.decode(example.input_ids)  # still there as context
 
 
 def test_weight_zero_turn_gets_no_loss(tiny_tokenizer: Any) -> None:
-    example = render_sample(multi_turn(first=0), tiny_tokenizer, loss_on="all_assistant")
+    example = Renderer(tiny_tokenizer).render(multi_turn(first=0), loss_on="all_assistant")
 
     assert labelled_runs(example, tiny_tokenizer) == ["Berlin.<|im_end|>"]
 
@@ -146,7 +146,7 @@ def test_messages_after_the_last_trained_turn_are_left_out(tiny_tokenizer: Any) 
             {"role": "user", "content": "Unanswered question"},
         ]
     )
-    example = render_sample(sample, tiny_tokenizer, loss_on="all_assistant")
+    example = Renderer(tiny_tokenizer).render(sample, loss_on="all_assistant")
 
     assert "Unanswered" not in tiny_tokenizer.decode(example.input_ids)
     assert labelled_runs(example, tiny_tokenizer) == ["Hello!<|im_end|>"]
@@ -170,15 +170,15 @@ def test_sample_without_trainable_assistant_turn_is_refused(
 ) -> None:
     sample = make_sample(messages)
     with pytest.raises(RenderError, match=f"sample {sample.id}: has no assistant") as caught:
-        render_sample(sample, tiny_tokenizer, loss_on=loss_on)
+        Renderer(tiny_tokenizer).render(sample, loss_on=loss_on)
     assert caught.value.reason == "no_assistant"
 
 
 def test_truncation_keeps_the_prompt_start(tiny_tokenizer: Any) -> None:
-    full = render_sample(multi_turn(), tiny_tokenizer, loss_on="all_assistant")
+    full = Renderer(tiny_tokenizer).render(multi_turn(), loss_on="all_assistant")
     limit = len(full) - 3  # cuts into the last answer
 
-    cut = render_sample(multi_turn(), tiny_tokenizer, loss_on="all_assistant", max_seq_len=limit)
+    cut = Renderer(tiny_tokenizer).render(multi_turn(), loss_on="all_assistant", max_seq_len=limit)
 
     assert cut.truncated
     assert not full.truncated
@@ -189,7 +189,7 @@ def test_truncation_keeps_the_prompt_start(tiny_tokenizer: Any) -> None:
 def test_truncation_without_label_tokens_left_is_refused(tiny_tokenizer: Any) -> None:
     sample = multi_turn()
     with pytest.raises(RenderError, match="no assistant token within max_seq_len=8") as caught:
-        render_sample(sample, tiny_tokenizer, loss_on="all_assistant", max_seq_len=8)
+        Renderer(tiny_tokenizer).render(sample, loss_on="all_assistant", max_seq_len=8)
     assert caught.value.reason == "too_long"
 
 
@@ -202,7 +202,7 @@ def test_media_content_is_refused_naming_the_message(tiny_tokenizer: Any) -> Non
         ]
     )
     with pytest.raises(RenderError, match=r"messages\[0\] has image content") as caught:
-        render_sample(sample, tiny_tokenizer, loss_on="all_assistant")
+        Renderer(tiny_tokenizer).render(sample, loss_on="all_assistant")
     assert caught.value.reason == "media"
 
 
@@ -215,7 +215,7 @@ def test_template_that_rewrites_earlier_turns_is_refused(tiny_tokenizer: Any) ->
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     with pytest.raises(RenderError, match=r"messages\[2\]: the template does not render") as caught:
-        render_sample(multi_turn(), tokenizer, loss_on="all_assistant")
+        Renderer(tokenizer).render(multi_turn(), loss_on="all_assistant")
     assert caught.value.reason == "prefix_unstable"
 
 
@@ -226,7 +226,7 @@ def test_tool_sample_fails_for_a_non_chatml_template_without_tools(tiny_tokenize
         "{% if add_generation_prompt %}[assistant] {% endif %}"
     )
     with pytest.raises(RenderError, match="cannot render tools") as caught:
-        render_sample(tool_sample(), tokenizer, loss_on="all_assistant")
+        Renderer(tokenizer).render(tool_sample(), loss_on="all_assistant")
     assert caught.value.reason == "no_tool_support"
 
 
@@ -238,7 +238,7 @@ def smollm2_tokenizer(smollm2_dir: Path) -> PreTrainedTokenizerBase:
 def test_smollm2_renders_tool_samples_with_the_chatml_tools_fallback(
     smollm2_tokenizer: PreTrainedTokenizerBase,
 ) -> None:
-    example = render_sample(tool_sample(), smollm2_tokenizer, loss_on="all_assistant")
+    example = Renderer(smollm2_tokenizer).render(tool_sample(), loss_on="all_assistant")
 
     assert_shifted(example)
     assert labelled_runs(example, smollm2_tokenizer) == [
@@ -280,7 +280,7 @@ def test_smollm2_renders_plain_chats_with_its_own_template(
             {"role": "assistant", "content": "Berlin."},
         ]
     )
-    example = render_sample(sample, smollm2_tokenizer, loss_on="all_assistant")
+    example = Renderer(smollm2_tokenizer).render(sample, loss_on="all_assistant")
 
     assert_shifted(example)
     assert labelled_runs(example, smollm2_tokenizer) == ["Paris.<|im_end|>", "Berlin.<|im_end|>"]
@@ -300,7 +300,7 @@ def test_the_serving_template_renders_as_training_did(
     )
     for sample in (tool_sample(), plain):
         trained = smollm2_tokenizer.decode(
-            render_sample(sample, smollm2_tokenizer, loss_on="all_assistant").input_ids
+            Renderer(smollm2_tokenizer).render(sample, loss_on="all_assistant").input_ids
         )
         record = to_openai_messages(sample)
         for message in record["messages"]:
@@ -329,5 +329,5 @@ def test_token_across_the_start_of_an_answer_is_refused(tiny_tokenizer: Any) -> 
     assert 2 not in [start for start, _ in offsets]  # no token starts after "ca"
 
     with pytest.raises(RenderError, match="a token crosses the edge") as caught:
-        render_sample(sample, tokenizer, loss_on="all_assistant")
+        Renderer(tokenizer).render(sample, loss_on="all_assistant")
     assert caught.value.reason == "prefix_unstable"
