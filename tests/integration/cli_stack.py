@@ -96,12 +96,23 @@ def tuneloop(stack: Stack, *args: str, input: str | None = None) -> Result:
     return CliRunner().invoke(app, list(args), env=stack.env, input=input)
 
 
+# `python -m shared.dev.cli` with Ctrl-C raising KeyboardInterrupt, as at a terminal. A process
+# started in the background by a non-interactive shell (`make test &`, some CI runners) ignores
+# SIGINT, its children inherit that, and Python then leaves SIGINT ignored: the test's Ctrl-C
+# would do nothing.
+_AS_AT_A_TERMINAL = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('shared.dev.cli', run_name='__main__', alter_sys=True)"
+)
+
+
 class Running:
-    """`python -m shared.dev.cli ...` as a process, its output read as it comes."""
+    """`python -m shared.dev.cli ...` as a process (Ctrl-C as at a terminal), its output read as
+    it comes."""
 
     def __init__(self, stack: Stack, *args: str) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "shared.dev.cli", *args],
+            [sys.executable, "-c", _AS_AT_A_TERMINAL, *args],
             env=os.environ | stack.env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
